@@ -1,0 +1,24 @@
+import json, sys
+if sys.version_info < (3, 8):
+    sys.stdout.write(json.dumps({"ok": False, "error": {
+        "code": "python_too_old",
+        "message": "host python %s at %s is older than 3.8" % (sys.version.split()[0], sys.executable),
+        "hint": "point the inventory's python at the environment's python (>= 3.8)"}}))
+    sys.exit(0)
+import importlib.abc, importlib.util
+P = json.loads(sys.stdin.buffer.read())
+M = P["modules"]
+class F(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path=None, target=None):
+        if name == "ddtree_hostside":
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+        if name.startswith("ddtree_hostside.") and name[16:] in M:
+            return importlib.util.spec_from_loader(name, self)
+    def create_module(self, spec):
+        return None
+    def exec_module(self, mod):
+        if mod.__name__ != "ddtree_hostside":
+            exec(compile(M[mod.__name__[16:]], mod.__name__[16:] + ".py", "exec"), mod.__dict__)
+sys.meta_path.insert(0, F())
+import ddtree_hostside.main
+ddtree_hostside.main.main(P["request"], sorted(M))

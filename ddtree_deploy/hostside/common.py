@@ -1,0 +1,115 @@
+"""Shared host-side plumbing: the op context, failures, atomic writes and the state layout.
+
+State layout (DESIGN.md section 5), under `<state_base>/<env-id>/`, mode 0700:
+objects/, snapshots/, state.json, journal.json, lock, history.jsonl, server/.
+The env-id is derived from the real path of the environment (`sys.prefix`) and of the package
+root, so two environments on one host, or two `pip --target` folders used by one python, never mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Dict, Optional
+
+
+class HelperFailure(Exception):
+    """An op refuses: reported as {"ok": false, "error": {code, message, hint}}."""
+
+    def __init__(self, code: str, message: str, hint: str = "", **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.details = details
+
+
+class Context:
+    """What every op needs: the package root and this environment's state directory."""
+
+    def __init__(self, request: Dict[str, Any]) -> None:
+        self.package_root = find_package_root(request.get("package_root"), request.get("package", "sglang"))
+        base = os.path.expanduser(request.get("state_base") or "~/.local/state/ddtree-deploy")
+        self.env_id = env_id(self.package_root)
+        self.state_dir = os.path.join(base, self.env_id)
+        self.owner = str(request.get("owner") or "")
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.state_dir, *parts)
+
+    def ensure_state_dir(self) -> None:
+        for sub in ("", "objects", "snapshots", "server"):
+            os.makedirs(self.path(sub), mode=0o700, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)
+
+
+def find_package_root(explicit: Optional[str], package: str) -> str:
+    """The folder that holds `<package>/`: given explicitly, else the first on this python's sys.path."""
+    if explicit:
+        root = os.path.abspath(os.path.expanduser(explicit))
+        if not os.path.isdir(os.path.join(root, package)):
+            raise HelperFailure("package_not_found", "package root %s has no %s/ folder" % (root, package),
+                                "fix the host's package_root in the inventory")
+        return root
+    for entry in sys.path:
+        if entry and os.path.isfile(os.path.join(entry, package, "__init__.py")):
+            return os.path.abspath(entry)
+    raise HelperFailure("package_not_found", "%s is not installed for %s" % (package, sys.executable),
+                        "set the host's python or package_root in the inventory")
+
+
+def env_id(package_root: str) -> str:
+    key = os.path.realpath(sys.prefix) + "\0" + os.path.realpath(package_root)
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Temp file in the same folder, fsync, rename: a reader sees the old or the new bytes, never half."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".ddtree-tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(folder)
+
+
+def fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, value: Any) -> None:
+    atomic_write(path, json.dumps(value, indent=1, sort_keys=True).encode())
+
+
+def read_json(path: str, default: Any = None) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return default
+
+
+def append_history(ctx: Context, event: Dict[str, Any]) -> None:
+    line = json.dumps(dict(event, time=time.time()), sort_keys=True) + "\n"
+    fd = os.open(ctx.path("history.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,81 @@
+"""The host lock and the `state` op: who holds the host, what is deployed, whether a journal is open."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict
+
+from .common import Context, HelperFailure, append_history, read_json, write_json
+
+
+def lock(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Take the lock for `owner` until `ttl_s` from now; a live lock of someone else is refused."""
+    ctx.ensure_state_dir()
+    owner = str(args["owner"])
+    now = time.time()
+    record = {"owner": owner, "started": now, "expires": now + float(args.get("ttl_s", 3600))}
+    path = ctx.path("lock")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        held = read_json(path, default={}) or {}
+        if held.get("owner") != owner and held.get("expires", 0) > now:
+            raise HelperFailure(
+                "locked", "host is locked by %s since %s" % (held.get("owner"), _iso(held.get("started"))),
+                "wait for that operation to finish, or `ddtree-deploy unlock --force` if it is dead",
+                holder=held)
+        write_json(path, record)  # ours already, or expired: take it over
+        return {"lock": record, "replaced": held}
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(record))
+        f.flush()
+        os.fsync(f.fileno())
+    return {"lock": record, "replaced": None}
+
+
+def unlock(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Release the lock if `owner` holds it (or always with `force`); releasing no lock is fine."""
+    path = ctx.path("lock")
+    held = read_json(path, default=None)
+    if held is None:
+        return {"released": None}
+    if held.get("owner") != args.get("owner") and not args.get("force"):
+        raise HelperFailure("locked", "lock is held by %s, not by %s" % (held.get("owner"), args.get("owner")),
+                            "pass force only if that operation is dead")
+    os.unlink(path)
+    if args.get("force"):
+        append_history(ctx, {"op": "unlock", "forced": True, "was": held, "by": args.get("owner")})
+    return {"released": held}
+
+
+def state(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """What status needs in one round trip: deployed state, lock, open journal, recent history."""
+    lock_record = read_json(ctx.path("lock"))
+    if lock_record and lock_record.get("expires", 0) <= time.time():
+        lock_record = dict(lock_record, expired=True)
+    return {
+        "state_dir": ctx.state_dir,
+        "package_root": ctx.package_root,
+        "deployed": read_json(ctx.path("state.json")),
+        "lock": lock_record,
+        "journal": read_json(ctx.path("journal.json")),
+        "history": _tail_lines(ctx.path("history.jsonl"), int(args.get("history", 5))),
+    }
+
+
+def _tail_lines(path: str, count: int) -> list:
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()[-count:] if count > 0 else []
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _iso(ts: Any) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if isinstance(ts, (int, float)) else "?"
+
+
+OPS = {"lock": lock, "unlock": unlock, "state": state}

@@ -1,0 +1,216 @@
+"""The fleet as inventory.yaml describes it: pydantic models, loading, and host selection.
+
+Precedence, lowest first, in one place (`_merge_host`): model defaults, the file's `defaults:`
+block, the host's own keys. The inventory path comes from `--inventory`, else `DDTREE_INVENTORY`,
+else `./inventory.yaml`. Nothing here opens a connection.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddtree_deploy.errors import InventoryError, UsageError
+from ddtree_deploy.probes import ProbeSpec
+
+DEFAULT_INVENTORY = "inventory.yaml"
+INVENTORY_ENV = "DDTREE_INVENTORY"
+DEFAULT_FATAL_PATTERNS = [
+    r"^Traceback \(most recent call last\):",
+    r"CUDA error",
+    r"out of memory",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProcessService(_Strict):
+    """A server the tool starts itself, detached, in its own process group."""
+
+    kind: Literal["process"] = "process"
+    command: list[str] = Field(min_length=1, description="argv of the server, e.g. [python3, -m, sglang.launch_server]")
+    args: list[str] = Field(default_factory=list, description="base launch arguments; the overlay's server.args follow")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the server")
+    cwd: str | None = Field(default=None, description="working directory (default: the state directory)")
+    port: int = Field(ge=1, le=65535, description="port the server listens on, on the host's loopback")
+    ready_path: str = Field(default="/health_generate", description="GET path that answers 200 once ready")
+    ready_timeout_s: float = Field(default=600.0, gt=0, description="longest wait for readiness of a live server")
+    poll_interval_s: float = Field(default=0.25, ge=0.05, le=0.5)
+    stop_grace_s: float = Field(default=30.0, ge=0, description="SIGTERM to SIGKILL grace period")
+    fatal_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_FATAL_PATTERNS))
+
+
+class SystemdService(_Strict):
+    """A server managed by a systemd unit."""
+
+    kind: Literal["systemd"]
+    unit: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    args: list[str] = Field(default_factory=list, description="recorded only; the unit owns its command line")
+    ready_path: str = "/health_generate"
+    ready_timeout_s: float = Field(default=600.0, gt=0)
+    poll_interval_s: float = Field(default=0.25, ge=0.05, le=0.5)
+    fatal_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_FATAL_PATTERNS))
+
+
+ServiceSpec = Annotated[Union[ProcessService, SystemdService], Field(discriminator="kind")]
+
+
+class HostSpec(_Strict):
+    """One host of the fleet, after defaults are merged in."""
+
+    name: str
+    transport: Literal["ssh", "local"] = "ssh"
+    ssh: str | None = Field(default=None, description="ssh_config alias (default: the host's name); never a raw IP")
+    python: str = Field(description="the python of the environment that holds sglang")
+    package_root: str | None = Field(default=None, description="site-packages folder holding sglang (default: discovered)")
+    state_dir: str = Field(default="~/.local/state/ddtree-deploy", description="base of the host's state")
+    groups: list[str] = Field(default_factory=list)
+    service: ServiceSpec | None = None
+    probes: list[ProbeSpec] = Field(default_factory=list)
+
+    @property
+    def ssh_alias(self) -> str:
+        return self.ssh or self.name
+
+
+class SshSettings(_Strict):
+    config: str | None = Field(default=None, description="ssh_config file (default: ~/.ssh/config)")
+    known_hosts: str | None = Field(default=None, description="known_hosts file (default: ~/.ssh/known_hosts)")
+    connect_timeout_s: float = 10.0
+
+
+class Inventory(_Strict):
+    path: Path
+    ssh: SshSettings = Field(default_factory=SshSettings)
+    hosts: dict[str, HostSpec]
+
+    def groups(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for host in self.hosts.values():
+            for group in host.groups:
+                out.setdefault(group, []).append(host.name)
+        return out
+
+
+_TOP_KEYS = {"ssh", "defaults", "hosts"}
+
+
+def inventory_path(explicit: str | None) -> Path:
+    return Path(explicit or os.environ.get(INVENTORY_ENV) or DEFAULT_INVENTORY)
+
+
+def load_inventory(explicit: str | None = None) -> Inventory:
+    """Read and validate the inventory; every error names the file, the host and the field."""
+    path = inventory_path(explicit)
+    raw = _read_yaml(path)
+    unknown = set(raw) - _TOP_KEYS
+    if unknown:
+        raise InventoryError(
+            f"{path}: unknown top-level key {sorted(unknown)[0]!r}",
+            hint=f"allowed keys: {', '.join(sorted(_TOP_KEYS))}",
+        )
+    defaults = _mapping(raw.get("defaults") or {}, path, "defaults")
+    hosts_raw = _mapping(raw.get("hosts") or {}, path, "hosts")
+    if not hosts_raw:
+        raise InventoryError(f"{path}: no hosts defined", hint="add a 'hosts:' mapping of name -> settings")
+    hosts = {name: _host(path, str(name), defaults, spec) for name, spec in hosts_raw.items()}
+    ssh = _validated(SshSettings, _mapping(raw.get("ssh") or {}, path, "ssh"), path, "ssh")
+    return Inventory(path=path, ssh=_resolve_ssh_paths(ssh, path.parent), hosts=hosts)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InventoryError(
+            f"{path}: cannot read inventory ({exc.strerror})",
+            hint=f"pass --inventory PATH or set {INVENTORY_ENV}",
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise InventoryError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', exc)}",
+                             hint="fix the YAML syntax") from None
+    return _mapping(data or {}, path, "top level")
+
+
+def _mapping(value: Any, path: Path, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InventoryError(f"{path}: {where} must be a mapping, got {type(value).__name__}",
+                             hint="see the inventory section of README.md")
+    return value
+
+
+def _host(path: Path, name: str, defaults: dict[str, Any], spec: Any) -> HostSpec:
+    merged = _merge_host(defaults, _mapping(spec or {}, path, f"host {name}"))
+    merged["name"] = name
+    return _validated(HostSpec, merged, path, f"host {name}", host=name)
+
+
+def _merge_host(defaults: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """The one precedence rule: the host's own keys over the `defaults:` block over model defaults."""
+    return {**defaults, **own}
+
+
+def _validated(model: type[Any], data: dict[str, Any], path: Path, where: str, host: str | None = None) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], dict) else ""
+        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InventoryError(
+            f"{path}: {where}: field {field}: {err['msg']}{got}{more}",
+            host=host,
+            hint="fix that field in the inventory; unknown keys are errors",
+        ) from None
+
+
+def _resolve_ssh_paths(ssh: SshSettings, base: Path) -> SshSettings:
+    """Relative ssh file paths are relative to the inventory file, like Ansible's inventory-relative paths."""
+    def resolve(p: str | None) -> str | None:
+        if p is None:
+            return None
+        expanded = Path(os.path.expanduser(p))
+        return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+
+    return ssh.model_copy(update={"config": resolve(ssh.config), "known_hosts": resolve(ssh.known_hosts)})
+
+
+def select_hosts(
+    inventory: Inventory,
+    *,
+    names: list[str] | None = None,
+    groups: list[str] | None = None,
+    all_hosts: bool = False,
+    default_all: bool = False,
+) -> list[HostSpec]:
+    """Resolve --host/--group/--all to host specs, in inventory order; unknown names list the known ones."""
+    names, groups = names or [], groups or []
+    if all_hosts or (default_all and not names and not groups):
+        return list(inventory.hosts.values())
+    if not names and not groups:
+        raise UsageError("no hosts selected", hint="say which hosts: --host NAME, --group GROUP or --all")
+    known_groups = inventory.groups()
+    wanted: set[str] = set()
+    for name in names:
+        if name not in inventory.hosts:
+            raise UsageError(f"unknown host {name!r} in {inventory.path}",
+                             hint=f"known hosts: {', '.join(inventory.hosts)}")
+        wanted.add(name)
+    for group in groups:
+        if group not in known_groups:
+            raise UsageError(f"unknown group {group!r} in {inventory.path}",
+                             hint=f"known groups: {', '.join(known_groups) or '(none)'}")
+        wanted.update(known_groups[group])
+    return [h for h in inventory.hosts.values() if h.name in wanted]

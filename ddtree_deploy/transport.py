@@ -1,0 +1,248 @@
+"""Running the host helper on a host: one contract, an SSH transport and a local one.
+
+`Transport.run_helper(op, args)` sends the stdlib-only helper (hostside/) plus one JSON request to
+the host's own python and returns a `HelperResult` that keeps the evidence (op, exit code, answer,
+stderr tail, duration). Nothing here knows what a snapshot is. No shell ever sees an inventory
+value unquoted: the local transport uses no shell at all, the SSH one quotes every word.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import hashlib
+import json
+import os
+import shlex
+import socket
+import subprocess
+import time
+from functools import lru_cache
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from ddtree_deploy.errors import HelperError, HostKeyError, TransportError
+
+if TYPE_CHECKING:
+    import paramiko
+    from fabric import Connection
+
+    from ddtree_deploy.inventory import HostSpec, SshSettings
+
+HOSTSIDE_PACKAGE = "ddtree_deploy.hostside"
+
+
+class HelperResult(BaseModel):
+    """One helper round trip, with its evidence."""
+
+    host: str
+    op: str
+    exit_code: int
+    answer: dict[str, Any] | None = None
+    stderr_tail: str = ""
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and bool(self.answer and self.answer.get("ok"))
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The op's answer; raises `HelperError` (naming host, op and code) if the op failed."""
+        if self.ok:
+            assert self.answer is not None
+            return dict(self.answer.get("data") or {})
+        raise self.error()
+
+    def error(self) -> HelperError:
+        if self.answer is None:
+            tail = self.stderr_tail.strip().splitlines()[-1:] or ["no output"]
+            return HelperError(f"helper op {self.op} failed (exit {self.exit_code}): {tail[0]}",
+                               host=self.host, hint="run with the host's python by hand to see why", result=self)
+        err = self.answer.get("error") or {}
+        return HelperError(str(err.get("message", "unknown error")), host=self.host,
+                           code=str(err.get("code", "helper_failed")), hint=str(err.get("hint", "")),
+                           result=self, details=dict(err.get("details") or {}))
+
+
+class Transport(abc.ABC):
+    """Runs the host helper on one host."""
+
+    def __init__(self, host: HostSpec, owner: str = "") -> None:
+        self.host = host
+        self.owner = owner
+
+    def run_helper(self, op: str, args: dict[str, Any] | None = None) -> HelperResult:
+        request = {"op": op, "args": args or {}, "package_root": self.host.package_root,
+                   "state_base": self.host.state_dir, "owner": self.owner}
+        payload = json.dumps({"modules": hostside_modules(), "request": request}).encode()
+        started = time.monotonic()
+        exit_code, stdout, stderr = self._exec([self.host.python, "-c", bootstrap_source()], payload)
+        answer = _parse_answer(stdout)
+        return HelperResult(host=self.host.name, op=op, exit_code=exit_code, answer=answer,
+                            stderr_tail=stderr.decode(errors="replace")[-4000:],
+                            duration_s=time.monotonic() - started)
+
+    def call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`run_helper(...).data`: the answer, or the op's error raised."""
+        return self.run_helper(op, args).data
+
+    @abc.abstractmethod
+    def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
+        """Run argv on the host with stdin; return exit code, stdout, stderr."""
+
+    def close(self) -> None:
+        """Release the connection, if any."""
+
+
+class LocalTransport(Transport):
+    """This machine, through subprocess, with no shell."""
+
+    def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
+        try:
+            proc = subprocess.run(argv, input=stdin, capture_output=True, check=False)
+        except OSError as exc:
+            raise TransportError(f"cannot run {argv[0]!r}: {exc.strerror}", host=self.host.name,
+                                 code="python_not_found", hint="fix the host's python in the inventory") from None
+        return proc.returncode, proc.stdout, proc.stderr
+
+
+class SSHTransport(Transport):
+    """A Fabric connection on an ssh_config alias, with strict host-key checking."""
+
+    def __init__(self, host: HostSpec, ssh: SshSettings, owner: str = "", accept_new_host_key: bool = False) -> None:
+        super().__init__(host, owner)
+        self.ssh = ssh
+        self.accept_new_host_key = accept_new_host_key
+        self._conn: Connection | None = None
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def _open(self) -> Connection:
+        import paramiko
+        from fabric import Config, Connection  # imported here: a local-only fleet needs no SSH stack
+
+        config = Config(runtime_ssh_path=self.ssh.config) if self.ssh.config else Config()
+        conn = Connection(self.host.ssh_alias, config=config, connect_timeout=self.ssh.connect_timeout_s)
+        client = conn.client
+        known_hosts = self.ssh.known_hosts or _default_known_hosts()
+        if os.path.exists(known_hosts):
+            client.load_host_keys(known_hosts)
+        client.set_missing_host_key_policy(_StrictPolicy(self.host.name, known_hosts, self.accept_new_host_key))
+        where = f"{conn.user}@{conn.host}:{conn.port}"
+        try:
+            conn.open()
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"host key CHANGED for {where}: expected {fingerprint(exc.expected_key)}, "
+                f"got {fingerprint(exc.key)}",
+                host=self.host.name,
+                hint="if the host was reinstalled, verify the new key out of band, then remove the old line "
+                     f"with `ssh-keygen -R '[{conn.host}]:{conn.port}' -f {known_hosts}`",
+            ) from None
+        except HostKeyError:
+            raise
+        except (OSError, socket.timeout, paramiko.SSHException) as exc:
+            raise TransportError(f"cannot connect to {where}: {exc}", host=self.host.name,
+                                 hint="check that the host is up and its ssh_config entry") from None
+        return conn
+
+    def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
+        transport = self._connection().client.get_transport()
+        if transport is None:
+            raise TransportError("ssh connection closed", host=self.host.name, hint="retry")
+        channel = transport.open_session()
+        try:
+            channel.exec_command(" ".join(shlex.quote(word) for word in argv))
+            channel.sendall(stdin)
+            channel.shutdown_write()
+            stdout, stderr = _drain(channel)
+            return channel.recv_exit_status(), stdout, stderr
+        finally:
+            channel.close()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _drain(channel: paramiko.Channel) -> tuple[bytes, bytes]:
+    """Read stdout and stderr to the end without letting either pipe fill up."""
+    out, err = bytearray(), bytearray()
+    while True:
+        progressed = False
+        if channel.recv_ready():
+            out += channel.recv(1 << 16)
+            progressed = True
+        if channel.recv_stderr_ready():
+            err += channel.recv_stderr(1 << 16)
+            progressed = True
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            break
+        if not progressed:
+            time.sleep(0.001)
+    return bytes(out), bytes(err)
+
+
+class _StrictPolicy:
+    """Refuse unknown host keys with their fingerprint; record one only when told to (never a changed one)."""
+
+    def __init__(self, host: str, known_hosts: str, accept_new: bool) -> None:
+        self.host, self.known_hosts, self.accept_new = host, known_hosts, accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.accept_new:
+            raise HostKeyError(
+                f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}",
+                host=self.host,
+                hint="verify the fingerprint out of band, then rerun with --accept-new-host-key to record it",
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with open(self.known_hosts, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint form, as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _default_known_hosts() -> str:
+    return os.path.expanduser("~/.ssh/known_hosts")
+
+
+def _parse_answer(stdout: bytes) -> dict[str, Any] | None:
+    try:
+        answer = json.loads(stdout)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+@lru_cache(maxsize=1)
+def hostside_modules() -> dict[str, str]:
+    """Sources of the helper's modules, by module name (bootstrap excluded: it travels as `-c`)."""
+    folder = resources.files(HOSTSIDE_PACKAGE)
+    return {
+        entry.name[:-3]: entry.read_text()
+        for entry in folder.iterdir()
+        if entry.name.endswith(".py") and entry.name not in ("__init__.py", "bootstrap.py")
+    }
+
+
+@lru_cache(maxsize=1)
+def bootstrap_source() -> str:
+    return resources.files(HOSTSIDE_PACKAGE).joinpath("bootstrap.py").read_text()
+
+
+def transport_for(host: HostSpec, ssh: SshSettings, owner: str = "", accept_new_host_key: bool = False) -> Transport:
+    if host.transport == "local":
+        return LocalTransport(host, owner)
+    return SSHTransport(host, ssh, owner, accept_new_host_key)
