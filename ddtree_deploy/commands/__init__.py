@@ -1,0 +1,22 @@
+"""The CLI's commands, one module per verb (or verb group); `register_all` adds them to the app."""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+#: (module, command name) for plain commands; modules exposing `app` are added as groups.
+COMMANDS = [
+    ("status", "status"),
+]
+GROUPS: list[tuple[str, str]] = []
+
+
+def register_all(app: typer.Typer) -> None:
+    for module_name, name in COMMANDS:
+        module = importlib.import_module(f"ddtree_deploy.commands.{module_name}")
+        app.command(name)(getattr(module, module_name))
+    for module_name, name in GROUPS:
+        module = importlib.import_module(f"ddtree_deploy.commands.{module_name}")
+        app.add_typer(module.app, name=name)

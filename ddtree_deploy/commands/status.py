@@ -1,0 +1,64 @@
+"""`ddtree-deploy status`: one row per host (reachability, ABI, sglang, overlay, lock, journal, server)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ddtree_deploy import steps
+from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
+from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.output import (
+    AcceptNewHostKeyOption,
+    AllOption,
+    ExitCode,
+    GroupOption,
+    HostOption,
+    InventoryOption,
+    JsonOption,
+    console,
+    emit,
+    errors_rendered,
+)
+
+
+def status(
+    host: HostOption = None,
+    group: GroupOption = None,
+    all_hosts: AllOption = False,
+    inventory: InventoryOption = None,
+    accept_new_host_key: AcceptNewHostKeyOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Show every selected host (default: all): reachable, python, sglang, torch/CUDA, overlay, lock, server.
+
+    Exit codes: 0 all hosts reachable and clean; 1 a host is unreachable; 3 a host is locked, has an
+    open journal, has drifted or its server is unhealthy.
+    """
+    with errors_rendered(as_json):
+        inv = load_inventory(inventory)
+        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
+        report = fan_out(inv, hosts, "status", steps.host_status, FleetOptions(accept_new_host_key=accept_new_host_key))
+    emit(report, as_json=as_json, human=_render, code=status_exit_code(report))
+
+
+def status_exit_code(report: FleetReport[steps.HostStatus]) -> ExitCode:
+    if any(row.result is not None and row.result.needs_attention for row in report.hosts):
+        return ExitCode.HOST_NEEDS_ATTENTION
+    return ExitCode.FAILED if report.failed else ExitCode.OK
+
+
+def _render(report: FleetReport[steps.HostStatus]) -> None:
+    table = Table(title="ddtree-deploy status", title_justify="left")
+    for column in ("host", "reachable", "python", "sglang", "torch", "cuda", "overlay", "lock", "server", "notes"):
+        table.add_column(column)
+    for row in report.hosts:
+        if row.result is None:
+            message = row.error.message if row.error else "skipped"
+            table.add_row(row.host, "[red]no[/]", "", "", "", "", "", "", "", f"[red]{message}[/]")
+            continue
+        s = row.result
+        table.add_row(
+            s.host, "[green]yes[/]", s.python, s.sglang or "[red]missing[/]", s.torch or "-", s.cuda_variant or "-",
+            s.overlay or "none", s.lock or "-", s.server, "; ".join(s.notes) if s.notes else "",
+        )
+    console.print(table)

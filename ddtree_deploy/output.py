@@ -1,0 +1,96 @@
+"""Rendering and exit codes: the `--json` envelope, rich output, and the options every command shares.
+
+With `--json`, stdout holds exactly `{"data": ...}` or `{"error": {"code", "message", "hint"}}` and
+stderr stays empty. Only command modules (under `commands/`) call into this; nothing below the CLI
+renders anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+
+from ddtree_deploy.errors import DeployError
+
+M = TypeVar("M", bound=BaseModel)
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+class ExitCode(enum.IntEnum):
+    """The exit codes of every command (documented in README.md)."""
+
+    OK = 0  # done, or nothing to do
+    FAILED = 1  # something failed; hosts were rolled back and are healthy (or a host was unreachable)
+    BAD_INPUT = 2  # usage, inventory, overlay or playbook error; nothing was changed
+    HOST_NEEDS_ATTENTION = 3  # a host is left unhealthy, locked, or with an open journal
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print only a JSON envelope on stdout.")]
+HostOption = Annotated[list[str] | None, typer.Option("--host", "-H", help="Host name (repeatable).")]
+GroupOption = Annotated[list[str] | None, typer.Option("--group", "-g", help="Group name (repeatable).")]
+AllOption = Annotated[bool, typer.Option("--all", help="Every host of the inventory.")]
+InventoryOption = Annotated[
+    str | None,
+    typer.Option("--inventory", "-i", envvar="DDTREE_INVENTORY", help="Inventory file (default ./inventory.yaml)."),
+]
+AcceptNewHostKeyOption = Annotated[
+    bool, typer.Option("--accept-new-host-key", help="Record host keys never seen before (never a changed one).")
+]
+
+
+def emit(result: BaseModel, *, as_json: bool, human: Callable[[Any], None], code: ExitCode = ExitCode.OK) -> NoReturn:
+    """Print a result (envelope or rich) and exit with `code`."""
+    if as_json:
+        sys.stdout.write(json.dumps({"data": result.model_dump(mode="json")}) + "\n")
+    else:
+        human(result)
+    raise typer.Exit(int(code))
+
+
+def fail(error: DeployError, *, as_json: bool) -> NoReturn:
+    """Print one error (envelope or one red line plus hint) and exit 2 for bad input, else 1 or 3."""
+    if as_json:
+        body = {"code": error.code, "message": str(error), "hint": error.hint}
+        sys.stdout.write(json.dumps({"error": body}) + "\n")
+    else:
+        err_console.print(f"[bold red]error[/]: {error}", soft_wrap=True)
+        if error.hint:
+            err_console.print(f"  [dim]hint:[/] {error.hint}", soft_wrap=True)
+    raise typer.Exit(int(exit_code_for(error)))
+
+
+def exit_code_for(error: DeployError) -> ExitCode:
+    if error.bad_input:
+        return ExitCode.BAD_INPUT
+    if error.code in ("locked", "journal_open", "unhealthy"):
+        return ExitCode.HOST_NEEDS_ATTENTION
+    return ExitCode.FAILED
+
+
+@contextmanager
+def errors_rendered(as_json: bool) -> Iterator[None]:
+    """The one error boundary: any `DeployError` escaping a command becomes `fail(...)`."""
+    try:
+        yield
+    except DeployError as exc:
+        fail(exc, as_json=as_json)
+
+
+@contextmanager
+def progress(message: str, as_json: bool) -> Iterator[None]:
+    """A spinner on stderr for long operations (silent with --json or when stderr is not a terminal)."""
+    if as_json or not err_console.is_terminal:
+        yield
+        return
+    with err_console.status(message):
+        yield

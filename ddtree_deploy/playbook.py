@@ -1,0 +1,151 @@
+"""Playbooks: named step sequences loaded from YAML, and the runner that plays one on one host.
+
+A playbook is `steps:` (each `- step_name: {args}`) plus an `on_failure:` sequence. Unknown steps and
+unknown or ill-typed arguments are load-time errors naming the file, the step and the field. The
+runner plays `steps` in order; when one fails it plays `on_failure` (unless the run says
+`no_rollback`), always releases the host lock, and returns a `PlaybookReport` with every step's
+outcome. `push` and `rollback` are the built-in playbooks under `playbooks/`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddtree_deploy import steps
+from ddtree_deploy.errors import DeployError, PlaybookError
+from ddtree_deploy.steps import HostRun, StepOutcome
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+
+
+class StepCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    args: BaseModel
+
+
+class Playbook(BaseModel):
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    name: str
+    path: str
+    description: str = ""
+    steps: list[StepCall]
+    on_failure: list[StepCall] = Field(default_factory=list)
+
+
+class PlaybookReport(BaseModel):
+    """What happened on one host: every step's outcome, which one failed, and the host's state after."""
+
+    playbook: str
+    host: str
+    outcome: str  # ok | noop | dry_run | rolled_back | failed | refused
+    failed_step: str | None = None
+    reason: str = ""
+    steps: list[StepOutcome]
+    recovery: list[StepOutcome] = Field(default_factory=list)
+    healthy: bool | None = None
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
+def builtin(name: str) -> Playbook:
+    return load_playbook(BUILTIN_DIR / f"{name}.yaml")
+
+
+def load_playbook(path: Path) -> Playbook:
+    """Read and validate a playbook file; any error names the file, the step and the field."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise PlaybookError(f"{path}: cannot read playbook ({exc.strerror})", hint="check the path") from None
+    except yaml.YAMLError as exc:
+        raise PlaybookError(f"{path}: malformed YAML: {exc}", hint="fix the YAML syntax") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("steps"), list):
+        raise PlaybookError(f"{path}: a playbook is a mapping with a 'steps:' list", hint="see playbooks/push.yaml")
+    unknown = set(raw) - {"name", "description", "steps", "on_failure"}
+    if unknown:
+        raise PlaybookError(f"{path}: unknown key {sorted(unknown)[0]!r}",
+                            hint="allowed: name, description, steps, on_failure")
+    return Playbook(
+        name=str(raw.get("name") or path.stem),
+        path=str(path),
+        description=str(raw.get("description") or ""),
+        steps=[_step_call(path, "steps", i, item) for i, item in enumerate(raw["steps"])],
+        on_failure=[_step_call(path, "on_failure", i, item) for i, item in enumerate(raw.get("on_failure") or [])],
+    )
+
+
+def _step_call(path: Path, section: str, index: int, item: Any) -> StepCall:
+    where = f"{path}: {section}[{index}]"
+    if isinstance(item, str):
+        item = {item: {}}
+    if not isinstance(item, dict) or len(item) != 1:
+        raise PlaybookError(f"{where}: a step is '- name: {{args}}'", hint="one step name per list item")
+    (name, args), = item.items()
+    if name not in steps.STEPS:
+        raise PlaybookError(f"{where}: unknown step {name!r}", hint=f"known steps: {', '.join(steps.STEPS)}")
+    try:
+        parsed = steps.STEPS[name].args.model_validate(args or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(args)"
+        raise PlaybookError(f"{where}: step {name}: argument {field}: {err['msg']}",
+                            hint=f"arguments of {name}: {', '.join(steps.STEPS[name].args.model_fields) or 'none'}") from None
+    return StepCall(name=name, args=parsed)
+
+
+def play(playbook: Playbook, run: HostRun) -> PlaybookReport:
+    """Play the steps on one host; on failure play `on_failure` (unless `no_rollback`); always unlock."""
+    done: list[StepOutcome] = []
+    try:
+        for call in playbook.steps:
+            outcome = _play_step(call, run)
+            done.append(outcome)
+            if outcome.status == "failed":
+                return _failed(playbook, run, done, outcome)
+            if run.finished:
+                break
+        return _report(playbook, run, done, outcome=run.finished or "ok")
+    finally:
+        steps.release_lock(run)
+
+
+def _play_step(call: StepCall, run: HostRun) -> StepOutcome:
+    started = time.monotonic()
+    run.progress(call.name)
+    try:
+        outcome = steps.STEPS[call.name].fn(run, call.args)
+    except DeployError as exc:
+        outcome = StepOutcome(step=call.name, status="failed", message=str(exc), code=exc.code,
+                              hint=exc.hint, details=exc.details)
+    outcome.duration_s = round(time.monotonic() - started, 3)
+    return outcome
+
+
+def _failed(playbook: Playbook, run: HostRun, done: list[StepOutcome], failure: StepOutcome) -> PlaybookReport:
+    recovery: list[StepOutcome] = []
+    if not run.options.no_rollback and run.changed:
+        for call in playbook.on_failure:
+            outcome = _play_step(call, run)
+            recovery.append(outcome)
+            if outcome.status == "failed":
+                break
+    recovered = bool(recovery) and all(o.status != "failed" for o in recovery)
+    if not run.changed:
+        result = "refused"
+    else:
+        result = "rolled_back" if recovered else "failed"
+    report = _report(playbook, run, done, outcome=result)
+    report.failed_step, report.reason, report.recovery = failure.step, failure.message, recovery
+    return report
+
+
+def _report(playbook: Playbook, run: HostRun, done: list[StepOutcome], outcome: str) -> PlaybookReport:
+    return PlaybookReport(playbook=playbook.name, host=run.host.name, outcome=outcome, steps=done,
+                          healthy=run.healthy, summary=run.summary())
