@@ -1,0 +1,113 @@
+"""`ddtree-deploy abi`: the fleet's fingerprints side by side, differing fields highlighted, stack problems listed."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ddtree_deploy.abi import AbiMatrix, Fingerprint, HostColumn, build_matrix, errors_of
+from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
+from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.output import (
+    AcceptNewHostKeyOption,
+    AllOption,
+    ExitCode,
+    GroupOption,
+    HostOption,
+    InventoryOption,
+    JsonOption,
+    console,
+    emit,
+    errors_rendered,
+    progress,
+)
+from ddtree_deploy.transport import Transport
+
+DeepOption = Annotated[
+    bool, typer.Option("--deep", help="Also import torch and sgl_kernel on each host (slow), since metadata can lie.")
+]
+
+
+def abi(
+    host: HostOption = None,
+    group: GroupOption = None,
+    all_hosts: AllOption = False,
+    inventory: InventoryOption = None,
+    deep: DeepOption = False,
+    accept_new_host_key: AcceptNewHostKeyOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Compare the selected hosts' python, torch/CUDA, sglang stack, driver and GPUs (default: all hosts).
+
+    Exit codes: 0 every host answered and its own stack is consistent; 1 a host's stack is
+    inconsistent (a package pins another torch, the driver is too old for the CUDA variant, an
+    import fails with --deep) or a host is unreachable.
+    """
+    with errors_rendered(as_json):
+        inv = load_inventory(inventory)
+        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
+        with progress("reading fingerprints", as_json):
+            work = partial(read_fingerprint, deep=deep)
+            report = fan_out(inv, hosts, "abi", work, FleetOptions(accept_new_host_key=accept_new_host_key))
+        matrix = build_matrix(_columns(report))
+    emit(matrix, as_json=as_json, human=_render, code=ExitCode.OK if matrix.consistent else ExitCode.FAILED)
+
+
+def read_fingerprint(transport: Transport, *, deep: bool = False) -> Fingerprint:
+    """The per-host work: one `fingerprint` round trip, read into a `Fingerprint`."""
+    return Fingerprint.from_helper(transport.call("fingerprint", {"deep": deep}), host=transport.host.name)
+
+
+def _columns(report: FleetReport[Fingerprint]) -> list[HostColumn]:
+    columns = []
+    for row in report.hosts:
+        error = None
+        if row.error is not None:
+            error = {"code": row.error.code, "message": row.error.message, "hint": row.error.hint}
+        elif row.result is None:
+            error = {"code": "skipped", "message": "not reached (stopped after earlier failures)", "hint": ""}
+        columns.append(HostColumn(host=row.host, fingerprint=row.result, error=error))
+    return columns
+
+
+def _render(matrix: AbiMatrix) -> None:
+    table = Table(title="ddtree-deploy abi", title_justify="left")
+    table.add_column("field")
+    for column in matrix.columns:
+        table.add_column(column.host if column.fingerprint else f"{column.host} [red](unreachable)[/]")
+    for row in matrix.rows:
+        style = "bold yellow" if row.differs else ""
+        cells = [_cell(row.values[h]) for h in matrix.hosts]
+        label = f"{escape(row.field)} [yellow]*[/]" if row.differs else escape(row.field)
+        table.add_row(label, *cells, style=style)
+    console.print(table)
+    if any(row.differs for row in matrix.rows):
+        console.print("[yellow]*[/] the hosts differ in this field")
+    for column in matrix.columns:
+        _render_column_problems(column)
+    if matrix.consistent:
+        console.print("[green]every host's stack is consistent[/]")
+
+
+def _cell(value: str | None) -> str:
+    return "[dim]-[/]" if value is None else escape(value)
+
+
+def _render_column_problems(column: HostColumn) -> None:
+    if column.error is not None:
+        # the message already names the host (DeployError's str)
+        console.print(f"[red]x {escape(column.error['message'])}[/]", soft_wrap=True)
+        if column.error.get("hint"):
+            console.print(f"  [dim]hint:[/] {escape(column.error['hint'])}", soft_wrap=True)
+        return
+    for problem in column.problems:
+        colour, mark = ("red", "x") if problem.severity == "error" else ("yellow", "!")
+        console.print(f"[{colour}]{mark} {escape(problem.line())}[/]", soft_wrap=True)
+        if problem.hint:
+            console.print(f"  [dim]hint:[/] {escape(problem.hint)}", soft_wrap=True)
+    if not errors_of(column.problems) and column.problems:
+        console.print(f"[green]{escape(column.host)}: stack consistent (warnings only)[/]")
