@@ -1,0 +1,746 @@
+"""The host's content-addressed store and its journaled transactions on the installed package.
+
+Ops: `snapshot`, `snapshots`, `read_files`, `apply`, `restore`, `verify`. The package is the
+`sglang/` folder plus its `sglang-<version>.dist-info/` in the package root; `__pycache__` folders
+are derived data and never part of it. State layout under ctx.state_dir:
+
+    objects/ab/cdef...        file contents by sha256, written temp + fsync + rename
+    snapshots/<id>.json       manifest: files {path: {sha256, mode, size} or {link}}, dirs, state, ...
+    snapshots/index.jsonl     one summary line per snapshot (so listing never parses manifests)
+    snapshots/statcache.json  (size, mtime_ns, ctime_ns, inode) -> sha256, like git's index
+    state.json                what is deployed: overlay, version, digest, snapshot, base_snapshot,
+                              files {path: {sha256, mode} or null} (the overlay's post-images)
+    journal.json              present only while apply or restore is open
+
+A change stages every byte it needs (objects, temp files beside their targets) before it renames
+anything into place, so a full disk or a read-only folder fails with the package untouched. The
+journal is written first and removed last, so a kill at any instant leaves a journal that the next
+command sees and that `restore` closes.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from .common import Context, HelperFailure, append_history, atomic_write, fsync_dir, read_json, write_json
+
+PACKAGE = "sglang"
+DIST_INFO = re.compile(r"^%s-[0-9][^-/]*\.dist-info$" % PACKAGE)
+DERIVED_DIRS = ("__pycache__",)
+TEMP_PREFIX = ".ddtree-tmp-"
+#: entries modified this close to a scan are re-hashed next time (git's "racily clean" rule)
+RACY_NS = 2 * 10 ** 9
+CHUNK = 1 << 20
+
+Entry = Dict[str, Any]  # {"sha256", "mode", "size"} or {"link", "mode", "size", "sha256"}
+
+
+# ---------------------------------------------------------------- test hook
+
+
+def pause_point(point: str) -> None:
+    """Test hook: with DDTREE_TEST_PAUSE_AT=<point>, note our pid and sleep so a test can SIGKILL us here."""
+    if os.environ.get("DDTREE_TEST_PAUSE_AT") != point:
+        return
+    signal_file = os.environ.get("DDTREE_TEST_PAUSE_SIGNAL")
+    if signal_file:
+        with open(signal_file, "w") as f:
+            f.write(str(os.getpid()))
+    time.sleep(float(os.environ.get("DDTREE_TEST_PAUSE_S", "60")))
+
+
+# ---------------------------------------------------------------- paths
+
+
+def package_dirs(root: str) -> List[str]:
+    """The top-level folders that make up the package: sglang/ and its dist-info."""
+    names = [PACKAGE] if os.path.isdir(os.path.join(root, PACKAGE)) else []
+    return names + sorted(n for n in os.listdir(root) if DIST_INFO.match(n) and os.path.isdir(os.path.join(root, n)))
+
+
+def checked_path(ctx: Context, rel: Any) -> str:
+    """The absolute path of package-relative `rel`, refused if it escapes the package (.., absolute, symlinks)."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\0" in rel:
+        raise HelperFailure("path_escapes", "path %r is not relative to the package root" % (rel,),
+                            "paths are relative to the folder holding sglang/", path=rel)
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts) or (parts[0] != PACKAGE and not DIST_INFO.match(parts[0])):
+        raise HelperFailure("path_escapes", "path %r is outside the %s package" % (rel, PACKAGE),
+                            "paths must stay under sglang/ or its dist-info", path=rel)
+    full = os.path.join(ctx.package_root, rel)
+    root = os.path.realpath(ctx.package_root)
+    if not os.path.realpath(os.path.dirname(full)).startswith(root + os.sep):
+        raise HelperFailure("path_escapes", "%s: a folder on the way is a symlink leading outside %s" % (rel, root),
+                            "remove the symlink on the host", path=rel)
+    if os.path.islink(full) and not os.path.realpath(full).startswith(root + os.sep):
+        raise HelperFailure("path_escapes", "%s is a symlink to %s, outside the package root" % (rel, os.path.realpath(full)),
+                            "remove the symlink on the host", path=rel)
+    return full
+
+
+def object_path(ctx: Context, sha: str) -> str:
+    return ctx.path("objects", sha[:2], sha[2:])
+
+
+# ---------------------------------------------------------------- hashing and scanning
+
+
+def hash_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def link_entry(path: str, st: os.stat_result) -> Entry:
+    target = os.readlink(path)
+    return {"link": target, "sha256": hashlib.sha256(target.encode()).hexdigest(),
+            "mode": stat.S_IMODE(st.st_mode), "size": len(target)}
+
+
+def walk_package(root: str) -> Iterator[Tuple[str, Optional[os.stat_result]]]:
+    """(relpath, lstat) of every file and symlink, and (relpath/, None) for every folder; __pycache__ skipped."""
+    stack = [d for d in reversed(package_dirs(root))]
+    while stack:
+        rel = stack.pop()
+        yield rel + "/", None
+        with os.scandir(os.path.join(root, rel)) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in reversed(entries):
+            child = rel + "/" + entry.name
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name not in DERIVED_DIRS:
+                    stack.append(child)
+            else:  # temp files left by a killed run are listed too: restore removes them
+                yield child, entry.stat(follow_symlinks=False)
+
+
+class StatCache:
+    """sha256 by (size, mtime_ns, ctime_ns, inode): a file whose stat is unchanged is not read again."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.path = ctx.path("snapshots", "statcache.json")
+        loaded = read_json(self.path, default=None) or {}
+        self.entries = loaded.get("entries", {}) if loaded.get("root") == ctx.package_root else {}
+        self.fresh: Dict[str, List[Any]] = {}
+        self.started_ns = time.time_ns()
+
+    def sha(self, full: str, rel: str, st: os.stat_result, force: bool = False) -> str:
+        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        cached = self.entries.get(rel)
+        if not force and cached and cached[:4] == key:
+            sha = str(cached[4])
+        else:
+            sha = hash_file(full)
+        if st.st_mtime_ns < self.started_ns - RACY_NS:
+            self.fresh[rel] = key + [sha]
+        return sha
+
+    def save(self, ctx: Context) -> None:
+        if self.fresh != self.entries and os.path.isdir(os.path.dirname(self.path)):
+            write_json(self.path, {"root": ctx.package_root, "entries": self.fresh})
+
+
+def scan(ctx: Context, cache: StatCache, rehash: Tuple[str, ...] = ()) -> Tuple[Dict[str, Entry], Dict[str, int]]:
+    """Every file of the package with its hash, mode and size, and every folder with its mode."""
+    files: Dict[str, Entry] = {}
+    dirs: Dict[str, int] = {}
+    for rel, st in walk_package(ctx.package_root):
+        full = os.path.join(ctx.package_root, rel)
+        if st is None:
+            dirs[rel.rstrip("/")] = stat.S_IMODE(os.lstat(full).st_mode)
+        elif stat.S_ISLNK(st.st_mode):
+            files[rel] = link_entry(full, st)
+        elif stat.S_ISREG(st.st_mode):
+            files[rel] = {"sha256": cache.sha(full, rel, st, force=rel in rehash),
+                          "mode": stat.S_IMODE(st.st_mode), "size": st.st_size}
+    return files, dirs
+
+
+# ---------------------------------------------------------------- objects
+
+
+def store_object(ctx: Context, source: str, sha: str) -> Optional[str]:
+    """Copy `source` into objects/ if missing (temp + fsync + rename); return the object's path if it was new."""
+    dest = object_path(ctx, sha)
+    if os.path.exists(dest):
+        return None
+    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+    tmp = staged_copy(source, os.path.dirname(dest), sha, 0o400)
+    os.replace(tmp, dest)
+    return dest
+
+
+def staged_copy(source: str, folder: str, sha: str, mode: int) -> str:
+    """A temp file in `folder` holding `source`'s bytes, fsynced, with `mode`; refused if the bytes do not hash to `sha`."""
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+    try:
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            for block in iter(lambda: src.read(CHUNK), b""):
+                h.update(block)
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        if h.hexdigest() != sha:
+            raise HelperFailure("content_changed", "%s changed while it was read (or the store is corrupt)" % source,
+                                "retry; if it repeats, the object store is damaged", path=source)
+        os.chmod(tmp, mode)
+        return tmp
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def staged_bytes(data: bytes, folder: str, mode: int) -> str:
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        return tmp
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- manifests, state, journal
+
+
+def manifest_path(ctx: Context, snap_id: str) -> str:
+    if not isinstance(snap_id, str) or not re.match(r"^[0-9A-Za-z-]+$", snap_id):
+        raise HelperFailure("unknown_snapshot", "snapshot id %r is not a valid id" % (snap_id,),
+                            "list them with `ddtree-deploy snapshots --host HOST`")
+    return ctx.path("snapshots", snap_id + ".json")
+
+
+def load_manifest(ctx: Context, snap_id: str) -> Dict[str, Any]:
+    manifest = read_json(manifest_path(ctx, snap_id))
+    if manifest is None:
+        known = [s["id"] for s in list_summaries(ctx)[-5:]]
+        raise HelperFailure("unknown_snapshot", "no snapshot %s on this host" % snap_id,
+                            "known snapshots (newest last): %s" % (", ".join(known) or "none"), known=known)
+    return manifest
+
+
+def refuse_if_busy(ctx: Context) -> None:
+    """A change refuses while a journal is open (interrupted operation) or another owner holds the lock."""
+    journal = read_json(ctx.path("journal.json"))
+    if journal is not None:
+        raise HelperFailure("journal_open", "an interrupted %s (snapshot %s) left an open journal" % (
+            journal.get("op"), journal.get("snapshot")),
+            "run `ddtree-deploy rollback` to restore snapshot %s" % journal.get("snapshot"), journal=journal)
+    held = read_json(ctx.path("lock"))
+    if held and held.get("owner") != ctx.owner and held.get("expires", 0) > time.time():
+        raise HelperFailure("locked", "host is locked by %s" % held.get("owner"),
+                            "wait for that operation to finish", holder=held)
+
+
+def os_failure(exc: OSError, what: str) -> HelperFailure:
+    """A staging failure, said plainly: nothing on the host was changed."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        code, hint = "disk_full", "free space on the host (package folder and state folder) and retry"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        code, hint = "read_only", "make the folder writable for the deploying user and retry"
+    else:
+        code, hint = "os_error", "check the host's file system"
+    return HelperFailure(code, "%s failed, nothing was changed: %s: %s" % (what, exc.filename or "", exc.strerror),
+                         hint, errno=exc.errno)
+
+
+# ---------------------------------------------------------------- snapshot
+
+
+def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Record every file of the package into the store; only new contents are copied.
+
+    + reason: why (e.g. "pre-push"); fingerprint: the host's fingerprint, kept verbatim;
+      overlay: what is deployed (default: state.json's record).
+    """
+    ctx.ensure_state_dir()
+    refuse_if_busy(ctx)
+    started = time.time()
+    cache = StatCache(ctx)
+    files, dirs = scan(ctx, cache)
+    written: List[str] = []
+    new_bytes = 0
+    try:
+        for rel, entry in files.items():
+            new = None if "link" in entry else store_object(ctx, os.path.join(ctx.package_root, rel), entry["sha256"])
+            if new:
+                written.append(new)
+                new_bytes += entry["size"]
+        for folder in {os.path.dirname(p) for p in written}:
+            fsync_dir(folder)
+        state = read_json(ctx.path("state.json"))
+        snap_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started)) + "-" + hashlib.sha256(
+            ("%r%d" % (sorted(files.items()), time.time_ns())).encode()).hexdigest()[:8]
+        manifest = {"id": snap_id, "time": started, "reason": str(args.get("reason") or ""),
+                    "fingerprint": args.get("fingerprint"), "package_root": ctx.package_root,
+                    "overlay": args.get("overlay") or overlay_label(state), "state": state,
+                    "dirs": dirs, "files": files}
+        write_json(manifest_path(ctx, snap_id), manifest)
+    except BaseException as exc:
+        forget_objects(written)  # the store stays exactly as it was
+        if isinstance(exc, OSError):
+            raise os_failure(exc, "snapshot") from None
+        raise
+    summary = summarize(manifest)
+    try:  # both are conveniences: the manifest alone is the record
+        index_append(ctx, summary)
+        cache.save(ctx)
+    except OSError:
+        pass
+    previous = list_summaries(ctx)
+    same = [s["id"] for s in previous[:-1] if s.get("digest") == summary["digest"]]
+    append_history(ctx, {"op": "snapshot", "id": snap_id, "reason": manifest["reason"], "by": ctx.owner})
+    return dict(summary, new_objects=len(written), new_bytes=new_bytes, bytes=sum(e["size"] for e in files.values()),
+                same_as=same[-1] if same else None, seconds=round(time.time() - started, 3))
+
+
+def forget_objects(paths: List[str]) -> None:
+    for path in paths:
+        remove_quietly(path)
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass  # still holds other objects
+
+
+def overlay_label(state: Optional[Dict[str, Any]]) -> Optional[str]:
+    if state and state.get("overlay"):
+        return "%s@%s" % (state["overlay"], state.get("version"))
+    return None
+
+
+def summarize(manifest: Dict[str, Any]) -> Dict[str, Any]:
+    files = manifest["files"]
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return {"id": manifest["id"], "time": manifest["time"], "reason": manifest["reason"], "files": len(files),
+            "overlay": manifest.get("overlay"), "digest": digest}
+
+
+def index_append(ctx: Context, summary: Dict[str, Any]) -> None:
+    fd = os.open(ctx.path("snapshots", "index.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (json.dumps(summary, sort_keys=True) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_summaries(ctx: Context) -> List[Dict[str, Any]]:
+    """Every snapshot with a manifest, oldest first; a manifest missing from the index is summarized directly."""
+    folder = ctx.path("snapshots")
+    if not os.path.isdir(folder):
+        return []
+    ids = {n[:-5] for n in os.listdir(folder) if n.endswith(".json") and n != "statcache.json"}
+    indexed: Dict[str, Dict[str, Any]] = {}
+    try:
+        with open(os.path.join(folder, "index.jsonl"), "rb") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a crash; the manifest still speaks for itself
+                indexed[row["id"]] = row
+    except FileNotFoundError:
+        pass
+    for missing in ids - set(indexed):
+        manifest = read_json(os.path.join(folder, missing + ".json"))
+        if manifest:
+            indexed[missing] = summarize(manifest)
+    return sorted((indexed[i] for i in ids if i in indexed), key=lambda s: (s["time"], s["id"]))
+
+
+def snapshots(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """List snapshots: id, time, reason, files, overlay (oldest first)."""
+    return {"snapshots": list_summaries(ctx), "state": read_json(ctx.path("state.json"))}
+
+
+# ---------------------------------------------------------------- read_files
+
+
+def read_files(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Hash, mode and size of `paths` (and base64 bytes of `want_content`), now and, with `snapshot`, as recorded there."""
+    want = set(args.get("want_content") or [])
+    manifest = load_manifest(ctx, args["snapshot"]) if args.get("snapshot") else None
+    out: Dict[str, Any] = {}
+    for rel in args.get("paths") or []:
+        full = checked_path(ctx, rel)
+        info = describe(full, rel in want)
+        if manifest is not None:
+            info["base"] = describe_recorded(ctx, manifest["files"].get(rel), rel in want)
+        out[rel] = info
+    return {"files": out, "package_root": ctx.package_root}
+
+
+def describe(full: str, with_content: bool) -> Dict[str, Any]:
+    try:
+        st = os.lstat(full)
+    except FileNotFoundError:
+        return {"exists": False}
+    if stat.S_ISLNK(st.st_mode):
+        return {"exists": True, "symlink": os.readlink(full), "mode": stat.S_IMODE(st.st_mode)}
+    if not stat.S_ISREG(st.st_mode):
+        return {"exists": True, "not_a_file": True, "mode": stat.S_IMODE(st.st_mode)}
+    with open(full, "rb") as f:
+        data = f.read()
+    info = {"exists": True, "sha256": hashlib.sha256(data).hexdigest(), "mode": stat.S_IMODE(st.st_mode),
+            "size": len(data)}
+    if with_content:
+        info["content"] = base64.b64encode(data).decode()
+    return info
+
+
+def describe_recorded(ctx: Context, entry: Optional[Entry], with_content: bool) -> Dict[str, Any]:
+    if entry is None:
+        return {"exists": False}
+    info = dict(entry, exists=True)
+    if with_content and "link" not in entry:
+        with open(object_path(ctx, entry["sha256"]), "rb") as f:
+            info["content"] = base64.b64encode(f.read()).decode()
+    return info
+
+
+# ---------------------------------------------------------------- apply
+
+
+def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Apply a plan as one journaled transaction.
+
+    + changes: [{path, action: write|create|delete, expect: sha256 now on the host or null,
+      sha256: post-image or null, mode, content: base64}]
+    + state: {overlay, version, digest, snapshot (rollback target), base_snapshot, files}
+    """
+    ctx.ensure_state_dir()
+    refuse_if_busy(ctx)
+    changes = list(args.get("changes") or [])
+    new_state = dict(args.get("state") or {})
+    if not new_state.get("snapshot") or not new_state.get("base_snapshot"):
+        raise HelperFailure("bad_plan", "apply needs state.snapshot and state.base_snapshot",
+                            "take a snapshot first; the controller passes its id")
+    targets = [checked_path(ctx, c["path"]) for c in changes]
+    check_preimages(ctx, changes, targets, new_state["snapshot"])
+    payloads = decode_payloads(changes)
+    new_dirs = missing_dirs(ctx, [t for c, t in zip(changes, targets) if c["action"] != "delete"])
+    journal = {"op": "apply", "snapshot": new_state["snapshot"], "started": time.time(), "by": ctx.owner,
+               "overlay": overlay_label(new_state), "paths": [c["path"] for c in changes],
+               "created": [c["path"] for c in changes if c["action"] == "create"], "dirs_created": new_dirs}
+    write_json(ctx.path("journal.json"), journal)
+    pause_point("journal_written")
+    temps = stage_apply(ctx, changes, targets, payloads, new_dirs)
+    pause_point("staged")
+    commit(ctx, changes, targets, temps)
+    forget_bytecode(targets)
+    write_json(ctx.path("state.json"), dict(new_state, applied=time.time()))
+    pause_point("state_written")
+    append_history(ctx, {"op": "apply", "overlay": overlay_label(new_state), "snapshot": new_state["snapshot"],
+                         "changed": len(changes), "by": ctx.owner})
+    os.unlink(ctx.path("journal.json"))
+    fsync_dir(ctx.state_dir)
+    return {"changed": len(changes), "created": journal["created"],
+            "deleted": [c["path"] for c in changes if c["action"] == "delete"], "snapshot": new_state["snapshot"]}
+
+
+def check_preimages(ctx: Context, changes: List[Dict[str, Any]], targets: List[str], snap_id: str) -> None:
+    """Every touched file must still be what the controller planned against, and what the snapshot recorded."""
+    recorded = load_manifest(ctx, snap_id)["files"]
+    changed, stale = [], []
+    for change, full in zip(changes, targets):
+        if os.path.islink(full):
+            raise HelperFailure("path_is_symlink", "%s is a symlink; refusing to write through it" % change["path"],
+                                "replace the symlink by the file it points to", path=change["path"])
+        now = hash_file(full) if os.path.exists(full) else None
+        if now != change.get("expect"):
+            changed.append(change["path"])
+        elif (recorded.get(change["path"]) or {}).get("sha256") != now:
+            stale.append(change["path"])
+    if changed:
+        raise HelperFailure("preimage_changed", "files changed since the plan was made: %s" % ", ".join(changed),
+                            "run the push again (it re-reads the host)", paths=changed)
+    if stale:
+        raise HelperFailure("snapshot_stale", "snapshot %s does not record the files as they are now: %s" % (
+            snap_id, ", ".join(stale)), "take a new snapshot before applying", paths=stale)
+
+
+def decode_payloads(changes: List[Dict[str, Any]]) -> List[Optional[bytes]]:
+    out: List[Optional[bytes]] = []
+    for change in changes:
+        if change["action"] == "delete":
+            out.append(None)
+            continue
+        data = base64.b64decode(change["content"])
+        if hashlib.sha256(data).hexdigest() != change["sha256"]:
+            raise HelperFailure("bad_plan", "content for %s does not hash to its post-image" % change["path"],
+                                "the plan was damaged in transit; retry", path=change["path"])
+        out.append(data)
+    return out
+
+
+def missing_dirs(ctx: Context, targets: List[str]) -> List[str]:
+    """Folders a change must create, shallowest first (recorded in the journal, removed by restore)."""
+    needed = set()
+    for full in targets:
+        folder = os.path.dirname(full)
+        while not os.path.isdir(folder):
+            needed.add(folder)
+            folder = os.path.dirname(folder)
+    return sorted(needed, key=len)
+
+
+def stage_apply(ctx: Context, changes: List[Dict[str, Any]], targets: List[str],
+                payloads: List[Optional[bytes]], new_dirs: List[str]) -> List[Optional[str]]:
+    """Temp files beside every target; on any failure remove them (and the journal) so nothing changed."""
+    temps: List[Optional[str]] = []
+    try:
+        for folder in new_dirs:
+            os.mkdir(folder, 0o755)
+        for change, full, data in zip(changes, targets, payloads):
+            if data is None:
+                temps.append(None)
+                continue
+            mode = change.get("mode") or (stat.S_IMODE(os.stat(full).st_mode) if os.path.exists(full) else 0o644)
+            temps.append(staged_bytes(data, os.path.dirname(full), mode))
+            pause_point("file_staged:%d" % len(temps))
+        ensure_preimage_objects(ctx, changes, targets)
+    except OSError as exc:
+        undo_staging(ctx, temps, new_dirs)
+        raise os_failure(exc, "apply") from None
+    except BaseException:
+        undo_staging(ctx, temps, new_dirs)
+        raise
+    return temps
+
+
+def ensure_preimage_objects(ctx: Context, changes: List[Dict[str, Any]], targets: List[str]) -> None:
+    """The bytes a rollback needs are in the store before anything is replaced (normally already there)."""
+    for change, full in zip(changes, targets):
+        if change.get("expect"):
+            store_object(ctx, full, change["expect"])
+
+
+def undo_staging(ctx: Context, temps: List[Optional[str]], new_dirs: List[str]) -> None:
+    for tmp in temps:
+        if tmp:
+            remove_quietly(tmp)
+    for folder in reversed(new_dirs):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
+    remove_quietly(ctx.path("journal.json"))
+
+
+def commit(ctx: Context, changes: List[Dict[str, Any]], targets: List[str], temps: List[Optional[str]]) -> None:
+    """Rename every staged file into place (deletes unlink); the journal stays open if this stops half-way."""
+    folders = set()
+    for n, (change, full, tmp) in enumerate(zip(changes, targets, temps), start=1):
+        if tmp is None:
+            remove_quietly(full)
+        else:
+            os.replace(tmp, full)
+        folders.add(os.path.dirname(full))
+        pause_point("file_written:%d" % n)
+    for folder in folders:
+        fsync_dir(folder)
+
+
+def forget_bytecode(targets: List[str]) -> None:
+    """Drop cached bytecode of replaced modules: a same-size file rewritten within a second could reuse a stale .pyc."""
+    for full in targets:
+        if not full.endswith(".py"):
+            continue
+        cache_dir = os.path.join(os.path.dirname(full), "__pycache__")
+        stem = os.path.basename(full)[:-3] + "."
+        if os.path.isdir(cache_dir):
+            for name in os.listdir(cache_dir):
+                if name.startswith(stem) and name.endswith(".pyc"):
+                    remove_quietly(os.path.join(cache_dir, name))
+
+
+# ---------------------------------------------------------------- restore
+
+
+def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Put the package back exactly as snapshot `snapshot` recorded it (default: the open journal's, else state's).
+
+    Changed and missing files come back from the store, files the snapshot lacks are removed, modes
+    are restored, and the result is re-hashed. An open journal is closed by this op only.
+    """
+    ctx.ensure_state_dir()
+    journal = read_json(ctx.path("journal.json"))
+    state = read_json(ctx.path("state.json")) or {}
+    target = args.get("snapshot") or (journal or {}).get("snapshot") or state.get("snapshot")
+    if not target:
+        raise HelperFailure("no_snapshot", "nothing to restore: no snapshot given and none recorded on the host",
+                            "pass --to SNAPSHOT (see `ddtree-deploy snapshots`)")
+    manifest = load_manifest(ctx, target)
+    cache = StatCache(ctx)
+    current, dirs = scan(ctx, cache)
+    todo = restore_plan(manifest, current, dirs)
+    paths = sorted(set(todo["write"]) | set(todo["chmod"]) | set(todo["remove"]))
+    write_json(ctx.path("journal.json"), {"op": "restore", "snapshot": target, "started": time.time(),
+                                          "by": ctx.owner, "paths": paths, "interrupted": journal})
+    pause_point("restore_journal_written")
+    temps = stage_restore(ctx, manifest, todo["write"], todo["mkdir"], journal)
+    commit_restore(ctx, manifest, todo, temps)
+    verify_restored(ctx, manifest, cache, tuple(todo["write"]))
+    forget_bytecode([os.path.join(ctx.package_root, p) for p in paths])
+    recorded = manifest.get("state") or {"overlay": None, "version": None, "digest": None, "files": {},
+                                         "snapshot": target, "base_snapshot": target}
+    write_json(ctx.path("state.json"), dict(recorded, restored_from=target, restored=time.time()))
+    append_history(ctx, {"op": "restore", "snapshot": target, "restored": len(todo["write"]),
+                         "removed": len(todo["remove"]), "closed_journal": journal is not None, "by": ctx.owner})
+    os.unlink(ctx.path("journal.json"))
+    fsync_dir(ctx.state_dir)
+    return {"snapshot": target, "restored": todo["write"], "removed": todo["remove"], "modes": todo["chmod"],
+            "verified": len(manifest["files"]), "closed_journal": journal}
+
+
+def restore_plan(manifest: Dict[str, Any], current: Dict[str, Entry], dirs: Dict[str, int]) -> Dict[str, List[str]]:
+    want: Dict[str, Entry] = manifest["files"]
+    write = [p for p, e in want.items() if p not in current or current[p]["sha256"] != e["sha256"]
+             or ("link" in current[p]) != ("link" in e)]
+    chmod = [p for p, e in want.items() if p in current and p not in write and "link" not in e
+             and current[p]["mode"] != e["mode"]]
+    chmod += [d + "/" for d, mode in manifest["dirs"].items() if d in dirs and dirs[d] != mode]
+    remove = sorted(p for p in current if p not in want)
+    rmdir = sorted((d for d in dirs if d not in manifest["dirs"]), key=len, reverse=True)
+    mkdir = sorted((d for d in manifest["dirs"] if d not in dirs), key=len)
+    return {"write": sorted(write), "chmod": chmod, "remove": remove, "rmdir": rmdir, "mkdir": mkdir}
+
+
+def stage_restore(ctx: Context, manifest: Dict[str, Any], write: List[str], mkdir: List[str],
+                  journal: Optional[Dict[str, Any]]) -> Dict[str, str]:
+    """Temp copies of every file to bring back, checked against their hashes; undone completely on failure."""
+    temps: Dict[str, str] = {}
+    made: List[str] = []
+    try:
+        for rel in mkdir:
+            full = os.path.join(ctx.package_root, rel)
+            os.mkdir(full)
+            made.append(full)
+            os.chmod(full, manifest["dirs"][rel])
+        for rel in write:
+            entry = manifest["files"][rel]
+            folder = os.path.dirname(checked_path(ctx, rel))
+            if "link" in entry:
+                temps[rel] = staged_link(entry["link"], folder)
+            else:
+                temps[rel] = staged_copy(object_path(ctx, entry["sha256"]), folder, entry["sha256"], entry["mode"])
+    except BaseException as exc:
+        for tmp in temps.values():
+            remove_quietly(tmp)
+        for full in reversed(made):
+            shutil.rmtree(full, ignore_errors=True)
+        if journal is None:
+            remove_quietly(ctx.path("journal.json"))
+        else:
+            write_json(ctx.path("journal.json"), journal)  # the interrupted push stays reported as before
+        if isinstance(exc, OSError):
+            raise os_failure(exc, "restore") from None
+        raise
+    return temps
+
+
+def staged_link(target: str, folder: str) -> str:
+    tmp = os.path.join(folder, TEMP_PREFIX + base64.b32encode(os.urandom(10)).decode().lower())
+    os.symlink(target, tmp)
+    return tmp
+
+
+def commit_restore(ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[str]], temps: Dict[str, str]) -> None:
+    root = ctx.package_root
+    for n, rel in enumerate(todo["write"], start=1):
+        os.replace(temps[rel], os.path.join(root, rel))
+        pause_point("restore_file_written:%d" % n)
+    for rel in todo["chmod"]:
+        mode = manifest["dirs"][rel[:-1]] if rel.endswith("/") else manifest["files"][rel]["mode"]
+        os.chmod(os.path.join(root, rel.rstrip("/")), mode)
+    for rel in todo["remove"]:
+        os.unlink(os.path.join(root, rel))
+    for rel in todo["rmdir"]:
+        shutil.rmtree(os.path.join(root, rel))  # what remains is derived (__pycache__) or already gone
+    for folder in {os.path.dirname(os.path.join(root, p)) for p in todo["write"] + todo["remove"]}:
+        if os.path.isdir(folder):
+            fsync_dir(folder)
+
+
+def verify_restored(ctx: Context, manifest: Dict[str, Any], cache: StatCache, rehash: Tuple[str, ...]) -> None:
+    """Re-hash what was written and compare the whole package to the snapshot; a mismatch keeps the journal open."""
+    cache.started_ns = time.time_ns()
+    files, dirs = scan(ctx, cache, rehash=rehash)
+    cache.save(ctx)
+    if files != manifest["files"] or dirs != manifest["dirs"]:
+        differ = sorted(p for p in set(files) | set(manifest["files"]) if files.get(p) != manifest["files"].get(p))
+        raise HelperFailure("restore_unverified", "after restore, %d files differ from snapshot %s: %s" % (
+            len(differ), manifest["id"], ", ".join(differ[:5])), "run rollback again; the journal stays open",
+            paths=differ[:50])
+
+
+# ---------------------------------------------------------------- verify (drift)
+
+
+def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Installed files versus what state.json says should be there (base snapshot plus the overlay's post-images)."""
+    state = read_json(ctx.path("state.json"))
+    journal = read_json(ctx.path("journal.json"))
+    if not state or not state.get("base_snapshot"):
+        return {"baseline": None, "overlay": None, "clean": True, "files": [], "checked": 0, "journal": journal}
+    expected = dict(load_manifest(ctx, state["base_snapshot"])["files"])
+    for rel, post in (state.get("files") or {}).items():
+        if post is None:
+            expected.pop(rel, None)
+        else:
+            expected[rel] = post
+    cache = StatCache(ctx)
+    current, _ = scan(ctx, cache, rehash=tuple(expected) if args.get("deep") else ())
+    if os.path.isdir(ctx.path("snapshots")):
+        cache.save(ctx)
+    drift = [d for d in (compare(rel, expected.get(rel), current.get(rel)) for rel in sorted(set(expected) | set(current)))
+             if d]
+    return {"baseline": state["base_snapshot"], "overlay": overlay_label(state), "clean": not drift,
+            "files": drift, "checked": len(current), "journal": journal}
+
+
+def compare(rel: str, want: Optional[Entry], have: Optional[Entry]) -> Optional[Dict[str, Any]]:
+    if want == have or (want and have and want["sha256"] == have["sha256"] and want.get("mode") in (None, have["mode"])):
+        return None
+    if want is None:
+        kind = "added"
+    elif have is None:
+        kind = "missing"
+    elif want["sha256"] != have["sha256"]:
+        kind = "modified"
+    else:
+        kind = "mode"
+    return {"path": rel, "kind": kind, "expected": brief(want), "actual": brief(have)}
+
+
+def brief(entry: Optional[Entry]) -> Optional[Dict[str, Any]]:
+    return None if entry is None else {"sha256": entry["sha256"], "mode": entry.get("mode")}
+
+
+OPS = {"snapshot": snapshot, "snapshots": snapshots, "read_files": read_files, "apply": apply,
+       "restore": restore, "verify": verify}
