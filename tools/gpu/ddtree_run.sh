@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/ddtree_run.sh CASE [CASE...]
+# Needs .gpu/site.tar.xz and .gpu/scripts (GPU.md recipe) carried along; optional .gpu/jitcache.tar.gz.
+# Pristine SGLang 0.5.17 goes to /tmp/site, a copy with overlay ddtree 0.2.0 applied to
+# /tmp/site_dd. All servers start in parallel (one port each), then each client runs alone
+# (timings are not shared), then outputs are compared with the plain case of their pair;
+# refusal cases (hybrid target, budget out of range) must exit with their error.
+set -u
+CASES=("$@")
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$(pwd); G=$R/.gpu
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi
+BUDGET=${BUDGET:-570}
+if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
+if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
+if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh overlays/ddtree/0.2.0 /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
+echo "[$(el)s] sites ready"
+[ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
+[ -d /tmp/models/hybrid ] || PYTHONPATH=/tmp/site python3 -c "
+from transformers import Qwen3NextConfig; import shutil
+Qwen3NextConfig(num_hidden_layers=4, hidden_size=256, vocab_size=1024).save_pretrained('/tmp/models/hybrid')
+[shutil.copy('/tmp/models/target/'+f, '/tmp/models/hybrid/') for f in ('tokenizer.json','tokenizer_config.json')]"
+echo "[$(el)s] models ready"
+
+M=/tmp/models; DD="--speculative-algorithm DDTREE --speculative-ddtree-budget"
+declare -A CASE=(
+  [copy_plain]="--model-path $M/target_copy"
+  [copy_plain_draftarg]="--model-path $M/target_copy --speculative-draft-model-path $M/dflash_copy"
+  [copy_dflash]="--model-path $M/target_copy --speculative-algorithm DFLASH --speculative-draft-model-path $M/dflash_copy"
+  [copy_ddtree16]="--model-path $M/target_copy $DD 16 --speculative-draft-model-path $M/dflash_copy --speculative-ddtree-debug"
+  [copy_ddtree64]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy"
+  [copy_ddtree256]="--model-path $M/target_copy $DD 256 --speculative-draft-model-path $M/dflash_copy"
+  [plain]="--model-path $M/target"
+  [dflash]="--model-path $M/target --speculative-algorithm DFLASH --speculative-draft-model-path $M/dflash_draft"
+  [ddtree64]="--model-path $M/target $DD 64 --speculative-draft-model-path $M/dflash_draft --speculative-ddtree-debug"
+  [refuse_hybrid]="--model-path $M/hybrid $DD 64 --speculative-draft-model-path $M/dflash_copy"
+  [refuse_budget]="--model-path $M/target_copy $DD 3 --speculative-draft-model-path $M/dflash_copy"
+)
+COMMON="--host 127.0.0.1 --attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
+declare -A PORT PID
+i=0
+for c in "${CASES[@]}"; do
+  PORT[$c]=$((30000 + i)); i=$((i + 1))
+  site=/tmp/site; case $c in *ddtree*|refuse_*) site=/tmp/site_dd;; esac
+  # shellcheck disable=SC2086
+  PYTHONPATH=$site setsid python3 -m sglang.launch_server ${CASE[$c]} $COMMON --port ${PORT[$c]} > "$OUT/$c.log" 2>&1 &
+  PID[$c]=$!
+done
+up() { python3 -c "import sys,urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{sys.argv[1]}/health_generate\", timeout=5)" "$1" >/dev/null 2>&1; }
+declare -A READY
+while [ $(el) -lt $((BUDGET - 200)) ]; do
+  pending=0
+  for c in "${CASES[@]}"; do
+    [ -n "${READY[$c]:-}" ] && continue
+    if ! kill -0 ${PID[$c]} 2>/dev/null; then READY[$c]=exited; echo "[$(el)s] $c: exited"; continue; fi
+    if up ${PORT[$c]}; then READY[$c]=yes; echo "[$(el)s] $c: READY"; else pending=1; fi
+  done
+  [ $pending = 0 ] && break; sleep 3
+done
+for c in "${CASES[@]}"; do
+  case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -m2 -E "ValueError|must be in" "$OUT/$c.log" | cut -c1-400; continue;; esac
+  if [ "${READY[$c]:-}" = yes ]; then
+    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 tools/gpu/ddtree_client.py ${PORT[$c]} "$OUT/$c.json" || echo "[$(el)s] $c: client FAILED"
+  else
+    echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$OUT/$c.log" | tail -n 25 | cut -c1-300
+  fi
+done
+for c in "${CASES[@]}"; do
+  ref=plain; case $c in copy_*) ref=copy_plain;; esac
+  [ "$c" = "$ref" ] || [ ! -f "$OUT/$c.json" ] || [ ! -f "$OUT/$ref.json" ] && continue
+  PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$OUT/$ref.json" "$OUT/$c.json" "$ref vs $c" ${PORT[$ref]}
+done
+for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
+for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
+grep -h "ddtree_debug" "$OUT"/*.log | head -400 > "$OUT/ddtree_debug.txt"
+[ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" -C /tmp/jitcache . 2>/dev/null
+(cd "$OUT" && tar -czf results.tar.gz ./*.log ./ddtree_debug.txt 2>/dev/null && rm -f ./*.log ./ddtree_debug.txt)
+(cd "$OUT" && tar -czf json.tar.gz ./*.json 2>/dev/null && rm -f ./*.json)
+echo "[$(el)s] done; files: $(cd "$OUT" && ls | tr '\n' ' ')"
