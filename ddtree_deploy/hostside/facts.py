@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -240,8 +241,17 @@ def deep_check(package_root: str, timeout_s: float) -> Dict[str, Any]:
         if line.startswith(DEEP_MARKER):
             answer: Dict[str, Any] = json.loads(line[len(DEEP_MARKER):])
             return answer
-    tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
-    return {"error": f"import check exited {proc.returncode} without an answer: {' | '.join(tail)}"}
+    tail = " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-3:])
+    return {"error": f"import check {_exit_status(proc.returncode)} without an answer: {tail or 'no output'}"}
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited {code}"
 
 
 OPS = {"fingerprint": fingerprint}
