@@ -1,0 +1,353 @@
+"""A stand-in for `python -m sglang.launch_server`, for tests and the sandbox only (stdlib, python >= 3.8).
+
+It speaks the part of SGLang's HTTP API that ddtree-deploy's probes use: `/health`,
+`/health_generate`, `/server_info` (the version from sglang's dist-info and the args it was started
+with, resolved to snake_case like SGLang's ServerArgs), `/generate` (greedy output ids derived from
+the prompt by a hash, with `meta_info.spec_accept_length`/`spec_verify_ct`), and `/metrics` (with
+`--enable-metrics`, as in SGLang). Like the real server it first loads the host's sglang package:
+here every module is byte-compiled (results cached by content hash), and a failure prints a
+Traceback and exits 1. Unknown arguments are accepted and reported.
+
+Test switches (argument, or the environment variable DDTREE_STANDIN_<NAME upper-cased>):
+  --standin-crash-after S     exit 1 with a Traceback S seconds after start
+  --standin-hang-unready      listen, but answer 503 on the health paths forever
+  --standin-corrupt-outputs   change output ids from index 5 on (a lossy "speculative" decoder)
+  --standin-start-delay S     sleep S seconds before listening (a slow model load)
+  --standin-ignore-sigterm    this process and its children ignore SIGTERM (stop must escalate)
+  --fork-children N           N child processes in the same group, like SGLang's scheduler/detokenizer
+  --standin-accept-length X   the speculative acceptance length to report
+  --standin-compile-only      compile the package and exit (0 ok, 1 Traceback): warms the cache
+  --package-root DIR          where sglang/ lives (default: where this python imports it from)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, NoReturn, Optional, Set
+
+VOCAB = 32000
+CORRUPT_FROM = 5
+SPEC_ACCEPT = {"EAGLE": 2.6, "EAGLE3": 2.9, "NEXTN": 2.4, "STANDALONE": 2.2, "NGRAM": 1.8, "DFLASH": 3.4,
+               "DDTREE": 4.1}
+# What SGLang's ServerArgs resolves when a flag is not given (the subset probes look at).
+DEFAULTS: Dict[str, Any] = {
+    "model_path": "standin-model", "tokenizer_path": None, "host": "127.0.0.1", "port": 30000,
+    "dtype": "auto", "tp_size": 1, "dp_size": 1, "random_seed": None, "mem_fraction_static": None,
+    "max_total_tokens": None, "attention_backend": None, "sampling_backend": None, "enable_metrics": False,
+    "speculative_algorithm": None, "speculative_draft_model_path": None, "speculative_num_steps": None,
+    "speculative_eagle_topk": None, "speculative_num_draft_tokens": None,
+}
+
+
+def log(message: str, level: str = "INFO") -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    sys.stderr.write("[%s] %s %s\n" % (stamp, level, message))
+    sys.stderr.flush()
+
+
+def fatal(exc: BaseException) -> NoReturn:
+    """Die like an uncaught exception would: a top-level Traceback on stderr, exit 1."""
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+    sys.stderr.flush()
+    os._exit(1)
+
+
+# ---------------------------------------------------------------- arguments
+
+def parse_args(argv: List[str]) -> Dict[str, Any]:
+    """argparse-free: `--key value`, `--key=value`, `--flag`, `--key v1 v2`; every key is kept."""
+    parsed: Dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not token.startswith("--"):
+            continue
+        key, eq, inline = token[2:].partition("=")
+        values: List[str] = [inline] if eq else []
+        while not eq and i < len(argv) and not argv[i].startswith("--"):
+            values.append(argv[i])
+            i += 1
+        value = True if not values else _coerce(values[0]) if len(values) == 1 else [_coerce(v) for v in values]
+        parsed[key.replace("-", "_")] = value
+    return parsed
+
+
+def _coerce(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def switch(args: Dict[str, Any], name: str, default: Any = None) -> Any:
+    """A test switch from the args, else from DDTREE_STANDIN_<NAME>, else the default."""
+    if name in args:
+        return args[name]
+    env = os.environ.get("DDTREE_STANDIN_" + name.replace("standin_", "", 1).upper())
+    return default if env is None else _coerce(env)
+
+
+# ---------------------------------------------------------------- loading the package
+
+def package_dir(args: Dict[str, Any]) -> str:
+    if args.get("package_root"):
+        root = os.path.join(str(args["package_root"]), "sglang")
+        if not os.path.isfile(os.path.join(root, "__init__.py")):
+            raise ModuleNotFoundError("No module named 'sglang' under %s" % args["package_root"])
+        return root
+    spec = importlib.util.find_spec("sglang")  # finds without importing (the real one needs torch)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'sglang'")
+    return next(iter(spec.submodule_search_locations))
+
+
+def sglang_version(pkg: str) -> str:
+    for dist in importlib.metadata.distributions(path=[os.path.dirname(pkg)]):
+        if (dist.metadata["Name"] or "").lower() == "sglang":
+            return str(dist.version)
+    return "unknown"
+
+
+def compile_package(pkg: str, cache_path: str) -> int:
+    """Byte-compile every module of the package in memory; raise the first SyntaxError.
+
+    Sources that compiled before (same content, same python) are skipped, so a restart costs a
+    hash per file instead of ~15 s of compiling on a small machine. Nothing is written into the package.
+    """
+    tag = "%d.%d:" % sys.version_info[:2]
+    try:
+        with open(cache_path) as f:
+            known = set(json.load(f))
+    except (OSError, ValueError):
+        known = set()
+    compiled = 0
+    for folder, dirs, files in os.walk(pkg):
+        dirs.sort()
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                source = f.read()
+            key = tag + hashlib.sha256(source).hexdigest()
+            if key not in known:
+                compile(source, path, "exec", dont_inherit=True)
+                known.add(key)
+                compiled += 1
+    if compiled:
+        _save_cache(cache_path, known)
+    return compiled
+
+
+def _save_cache(path: str, keys: Set[str]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+    with os.fdopen(fd, "w") as f:
+        json.dump(sorted(keys), f)
+    os.replace(tmp, path)
+
+
+def default_cache() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "ddtree-standin", "compiled-ok.json")
+
+
+# ---------------------------------------------------------------- the model
+
+class Model:
+    """Deterministic greedy "decoding": output ids are a hash chain of the prompt."""
+
+    def __init__(self, args: Dict[str, Any]) -> None:
+        self.algorithm = args.get("speculative_algorithm")
+        self.corrupt = bool(switch(args, "standin_corrupt_outputs", False))
+        self.accept = float(switch(args, "standin_accept_length", SPEC_ACCEPT.get(str(self.algorithm).upper(), 2.0)))
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.last_accept = 0.0
+
+    def generate(self, prompt: Any, params: Dict[str, Any]) -> Dict[str, Any]:
+        started = time.monotonic()
+        key = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        count = int(params.get("max_new_tokens", 128))
+        greedy = float(params.get("temperature", 1.0)) == 0.0
+        ids = self._ids(key if greedy else key + uuid.uuid4().hex, count)
+        meta: Dict[str, Any] = {
+            "id": uuid.uuid4().hex, "prompt_tokens": len(key.split()) if isinstance(prompt, str) else len(prompt),
+            "completion_tokens": count, "cached_tokens": 0,
+            "finish_reason": {"type": "length", "length": count},
+        }
+        if self.algorithm and count:
+            verify = max(1, math.ceil(count / self.accept))
+            meta.update(spec_verify_ct=verify, spec_accept_length=count / verify)
+        meta["e2e_latency"] = time.monotonic() - started
+        with self.lock:
+            self.requests += 1
+            self.prompt_tokens += meta["prompt_tokens"]
+            self.generation_tokens += count
+            self.last_accept = meta.get("spec_accept_length", self.last_accept)
+        return {"text": " ".join("t%d" % i for i in ids), "output_ids": ids, "meta_info": meta}
+
+    def _ids(self, key: str, count: int) -> List[int]:
+        ids, state = [], hashlib.sha256(key.encode()).digest()
+        for i in range(count):
+            state = hashlib.sha256(state).digest()
+            token = int.from_bytes(state[:4], "big") % VOCAB
+            ids.append((token + 1) % VOCAB if self.corrupt and i >= CORRUPT_FROM else token)
+        return ids
+
+    def metrics(self, model_name: str) -> str:
+        labels = '{model_name="%s"}' % model_name
+        with self.lock:
+            rows = [
+                ("sglang:num_running_reqs", "gauge", "The number of running requests.", 0),
+                ("sglang:spec_accept_length", "gauge", "Mean acceptance length of speculative decoding.",
+                 self.last_accept),
+                ("sglang:num_requests_total", "counter", "Number of requests processed.", self.requests),
+                ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens),
+                ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.",
+                 self.generation_tokens),
+            ]
+        out = []
+        for name, kind, doc, value in rows:
+            family = name[:-6] if kind == "counter" else name
+            out += ["# HELP %s %s" % (family, doc), "# TYPE %s %s" % (family, kind), "%s%s %s" % (name, labels,
+                                                                                              float(value))]
+        return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------- HTTP
+
+class Handler(BaseHTTPRequestHandler):
+    server: "StandinServer"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        srv = self.server
+        if self.path in ("/health", "/health_generate"):
+            self._send(503 if srv.hang_unready else 200, b"")
+        elif self.path in ("/server_info", "/get_server_info"):
+            self._json(200, srv.server_info())
+        elif self.path == "/metrics" and srv.args.get("enable_metrics"):
+            self._send(200, srv.model.metrics(str(srv.args["model_path"])).encode(), "text/plain; version=0.0.4")
+        else:
+            self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        if self.path != "/generate":
+            self._json(404, {"detail": "Not Found"})
+            return
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        except ValueError as exc:
+            self._json(400, {"error": {"message": "invalid JSON: %s" % exc}})
+            return
+        prompt = body.get("text", body.get("input_ids"))
+        if prompt is None:
+            self._json(400, {"error": {"message": "Either text or input_ids should be provided."}})
+            return
+        params = body.get("sampling_params") or {}
+        batch = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        model = self.server.model
+        self._json(200, [model.generate(p, params) for p in prompt] if batch else model.generate(prompt, params))
+
+    def _json(self, status: int, value: Any) -> None:
+        self._send(status, json.dumps(value).encode(), "application/json")
+
+    def _send(self, status: int, body: bytes, ctype: str = "text/plain") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # uvicorn's access-log shape
+        sys.stderr.write('INFO:     %s - "%s" %s\n' % (self.client_address[0], self.requestline, args[1]))
+        sys.stderr.flush()
+
+
+class StandinServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, args: Dict[str, Any], version: str) -> None:
+        self.args, self.version = args, version
+        self.model = Model(args)
+        self.hang_unready = bool(switch(args, "standin_hang_unready", False))
+        self.started = time.time()
+        super().__init__((str(args["host"]), int(args["port"])), Handler)
+
+    def server_info(self) -> Dict[str, Any]:
+        return dict(self.args, version=self.version, startup_time=self.started,
+                    internal_states=[{"avg_spec_accept_length": self.model.last_accept}])
+
+
+# ---------------------------------------------------------------- start-up
+
+def fork_children(count: int, ignore_sigterm: bool) -> "List[subprocess.Popen[bytes]]":
+    """Children stay in our process group (no new session), as SGLang's scheduler and detokenizer do."""
+    code = ("import signal,time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_sigterm else "")
+            + "while True: time.sleep(3600)\n")
+    return [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL) for _ in range(count)]
+
+
+def arm_crash(after_s: float) -> None:
+    def crash() -> None:
+        time.sleep(after_s)
+        try:
+            raise RuntimeError("stand-in crash requested after %.1fs (standin_crash_after)" % after_s)
+        except RuntimeError as exc:
+            fatal(exc)
+    threading.Thread(target=crash, daemon=True).start()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = dict(DEFAULTS, **parse_args(sys.argv[1:] if argv is None else argv))
+    log("server_args=%s" % json.dumps(args, sort_keys=True))
+    ignore_sigterm = bool(switch(args, "standin_ignore_sigterm", False))
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    crash_after = switch(args, "standin_crash_after")
+    if crash_after is not None:
+        arm_crash(float(crash_after))
+    try:
+        pkg = package_dir(args)
+        compiled = compile_package(pkg, str(switch(args, "standin_compile_cache", default_cache())))
+        version = sglang_version(pkg)
+    except (SyntaxError, ImportError, OSError) as exc:
+        fatal(exc)
+    log("loaded sglang %s from %s (%d modules compiled)" % (version, pkg, compiled))
+    if switch(args, "standin_compile_only", False):
+        return 0
+    children = fork_children(int(switch(args, "fork_children", 0)), ignore_sigterm)
+    log("started %d child processes: %s" % (len(children), [c.pid for c in children]))
+    time.sleep(float(switch(args, "standin_start_delay", 0.0)))
+    try:
+        server = StandinServer(args, version)
+    except OSError as exc:
+        fatal(exc)
+    log("Uvicorn running on http://%s:%s" % (args["host"], args["port"]))
+    log("The server is fired up and ready to roll!")
+    server.serve_forever(poll_interval=0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
