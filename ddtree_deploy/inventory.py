@@ -72,6 +72,7 @@ class HostSpec(_Strict):
     package_root: str | None = Field(default=None, description="site-packages folder holding sglang (default: discovered)")
     state_dir: str = Field(default="~/.local/state/ddtree-deploy", description="base of the host's state")
     groups: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="environment of the host helper (like Ansible's environment:)")
     service: ServiceSpec | None = None
     probes: list[ProbeSpec] = Field(default_factory=list)
 

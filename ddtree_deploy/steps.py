@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ddtree_deploy import abi
+from ddtree_deploy import abi, service
 from ddtree_deploy.errors import DeployError
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.transport import Transport
@@ -60,10 +60,23 @@ def host_status(transport: Transport) -> HostStatus:
     if lock:
         notes.append("lock expired" if lock.get("expired") else f"locked since {lock.get('started')}")
     overlay = f"{deployed['overlay']}@{deployed['version']}" if deployed.get("overlay") else None
+    server = _server_health(transport)
     return HostStatus(
         host=transport.host.name, python=fp.python_version, package_root=str(state.get("package_root")),
         sglang=fp.sglang_version, torch=fp.torch_version, cuda_variant=fp.cuda_variant, overlay=overlay,
         snapshot=deployed.get("snapshot"), launch_args=list(deployed.get("launch_args") or []),
-        lock=lock.get("owner") if lock else None, journal_open=bool(state.get("journal")), notes=notes,
-        needs_attention=bool(state.get("journal")) or bool(lock and not lock.get("expired")),
+        lock=lock.get("owner") if lock else None, journal_open=bool(state.get("journal")), notes=notes, server=server,
+        needs_attention=bool(state.get("journal")) or bool(lock and not lock.get("expired"))
+        or server.startswith("unhealthy"),
     )
+
+
+def _server_health(transport: Transport) -> str:
+    """'healthy', 'unhealthy: <why>' or 'no service'; a server that is simply stopped is unhealthy."""
+    if transport.host.service is None:
+        return "no service"
+    s = service.status(transport)
+    if s.healthy:
+        return f"healthy (pid {s.pid}, port {s.port})"
+    why = "not running" if not s.running else (s.health_error or f"/health answered {s.health_status}")
+    return f"unhealthy: {why}"

@@ -79,7 +79,10 @@ class Transport(abc.ABC):
                    "state_base": self.host.state_dir, "owner": self.owner}
         payload = json.dumps({"modules": hostside_modules(), "request": request}).encode()
         started = time.monotonic()
-        exit_code, stdout, stderr = self._exec([self.host.python, "-c", bootstrap_source()], payload)
+        argv = [self.host.python, "-c", bootstrap_source()]
+        if self.host.env:  # `env` keeps the values plain argv words, quoted like every other word
+            argv = ["env", *(f"{k}={v}" for k, v in self.host.env.items()), *argv]
+        exit_code, stdout, stderr = self._exec(argv, payload)
         answer = _parse_answer(stdout)
         return HelperResult(host=self.host.name, op=op, exit_code=exit_code, answer=answer,
                             stderr_tail=stderr.decode(errors="replace")[-4000:],

@@ -9,6 +9,7 @@ import typer
 #: (module, command name) for plain commands; modules exposing `app` are added as groups.
 COMMANDS = [
     ("status", "status"),
+    ("abi", "abi"),
 ]
 GROUPS: list[tuple[str, str]] = []
 
