@@ -9,8 +9,10 @@ value unquoted: the local transport uses no shell at all, the SSH one quotes eve
 from __future__ import annotations
 
 import abc
+import ast
 import base64
 import hashlib
+import importlib
 import json
 import os
 import shlex
@@ -77,7 +79,7 @@ class Transport(abc.ABC):
     def run_helper(self, op: str, args: dict[str, Any] | None = None) -> HelperResult:
         request = {"op": op, "args": args or {}, "package_root": self.host.package_root,
                    "state_base": self.host.state_dir, "owner": self.owner}
-        payload = json.dumps({"modules": hostside_modules(), "request": request}).encode()
+        payload = json.dumps({"modules": modules_for(op), "request": request}).encode()
         started = time.monotonic()
         argv = [self.host.python, "-c", bootstrap_source()]
         if self.host.env:  # `env` keeps the values plain argv words, quoted like every other word
@@ -238,6 +240,36 @@ def hostside_modules() -> dict[str, str]:
         for entry in folder.iterdir()
         if entry.name.endswith(".py") and entry.name not in ("__init__.py", "bootstrap.py")
     }
+
+
+@lru_cache(maxsize=None)
+def modules_for(op: str) -> dict[str, str]:
+    """Only the modules an op needs (its owner, `main`, and what they import): less to send and compile."""
+    sources = hostside_modules()
+    owner = next((name for name, ops in _op_index().items() if op in ops), None)
+    wanted, todo = {"main"}, ["main"] + ([owner] if owner else [])
+    while todo:
+        name = todo.pop()
+        wanted.add(name)
+        todo.extend(dep for dep in _relative_imports(sources[name]) if dep not in wanted and dep in sources)
+    return {name: sources[name] for name in sorted(wanted)}
+
+
+@lru_cache(maxsize=1)
+def _op_index() -> dict[str, frozenset[str]]:
+    index = {}
+    for name in hostside_modules():
+        module = importlib.import_module(f"{HOSTSIDE_PACKAGE}.{name}")
+        index[name] = frozenset(getattr(module, "OPS", {}))
+    return index
+
+
+def _relative_imports(source: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.update([node.module] if node.module else [alias.name for alias in node.names])
+    return found
 
 
 @lru_cache(maxsize=1)
