@@ -233,7 +233,7 @@ class ArtifactSelection(BaseModel):
 
 def variant_of_cuda(cuda: str) -> str | None:
     """12.8 -> cu128."""
-    match = re.match(r"^(\d+)\.(\d)", cuda)
+    match = re.match(r"^(\d+)\.(\d)(\.\d+)?$", cuda)  # a two-digit minor has no cuXYZ name
     return f"cu{match.group(1)}{match.group(2)}" if match else None
 
 
