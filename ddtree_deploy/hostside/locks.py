@@ -62,7 +62,17 @@ def state(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         "lock": lock_record,
         "journal": read_json(ctx.path("journal.json")),
         "history": _tail_lines(ctx.path("history.jsonl"), int(args.get("history", 5))),
+        "launch": read_json(ctx.path("server", "launch.json")),
     }
+
+
+def record_launch(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Remember how the server was last started (full argv and the overlay's part), for `status`."""
+    ctx.ensure_state_dir()
+    record = {"argv": list(args.get("argv") or []), "server_args": list(args.get("server_args") or []),
+              "time": time.time(), "by": ctx.owner}
+    write_json(ctx.path("server", "launch.json"), record)
+    return record
 
 
 def _tail_lines(path: str, count: int) -> list:
@@ -78,4 +88,4 @@ def _iso(ts: Any) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if isinstance(ts, (int, float)) else "?"
 
 
-OPS = {"lock": lock, "unlock": unlock, "state": state}
+OPS = {"lock": lock, "unlock": unlock, "state": state, "record_launch": record_launch}
