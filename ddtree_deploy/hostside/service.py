@@ -476,7 +476,7 @@ def service_wait(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         time.sleep(poll)
     return dict(extra, ready=reason == "ready", reason=reason, waited_s=time.monotonic() - started,
                 log_tail=backend.tail(TAIL_LINES)[0], log_offset=scanner.offset, last_http=checker.last,
-                port=port, **{k: v for k, v in backend.describe().items() if k in ("pid", "argv", "unit")})
+                port=port, **{k: v for k, v in backend.describe().items() if k in ("pid", "argv", "unit") and v is not None})
 
 
 def service_status(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
