@@ -312,11 +312,11 @@ def check_pins(host: str, fp: Fingerprint) -> list[AbiProblem]:
             dep = _canonical(requirement.name)
             installed = fp.packages.get(dep)
             field = f"{name}.requires.{dep}"
-            spec = str(requirement.specifier) or "any version"
+            spec = str(requirement.specifier)
             if installed is None or not installed.version:
                 problems.append(AbiProblem(
-                    host=host, field=field, found="not installed", required=spec, severity="warning",
-                    message=f"{name} {info.version} requires {dep} {spec}, which is not installed"))
+                    host=host, field=field, found="not installed", required=spec or "installed", severity="warning",
+                    message=f"{name} {info.version} requires {dep}{spec}, which is not installed"))
             elif not requirement.specifier.contains(_version(installed.version) or installed.version, prereleases=True):
                 problems.append(AbiProblem(
                     host=host, field=field, found=installed.version, required=spec,
