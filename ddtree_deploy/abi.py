@@ -101,6 +101,7 @@ class Fingerprint(_Lenient):
     torch_version: str | None = Field(default=None, description="torch/version.py __version__, local tag included")
     torch_cuda: str | None = Field(default=None, description="torch.version.cuda, e.g. 12.8; None for CPU builds")
     torch_hip: str | None = None
+    torch_version_error: str | None = Field(default=None, description="why torch/version.py could not be read")
     driver_version: str | None = None
     gpus: list[GpuInfo] = Field(default_factory=list)
     nvidia_smi_error: str | None = None
@@ -345,6 +346,11 @@ def _canonical(name: str) -> str:
 def check_torch_metadata(host: str, fp: Fingerprint) -> list[AbiProblem]:
     """torch's dist-info, version.py and local tag tell the same story (a copied package often does not)."""
     problems = []
+    if fp.torch_version_error:
+        problems.append(AbiProblem(
+            host=host, field="torch.version", found=fp.torch_version_error, required="a readable torch/version.py",
+            message=f"torch's build is unknown: {fp.torch_version_error}",
+            hint="torch is damaged (a partial copy?); reinstall it with pip"))
     dist = fp.version_of("torch")
     if dist and fp.torch_version and dist != fp.torch_version:
         problems.append(AbiProblem(

@@ -72,13 +72,9 @@ def fingerprint(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     + deep_timeout_s: how long the import check may take (default 180)
     """
     packages = installed_packages(search_path(ctx.package_root))
-    torch_file = torch_version_file(packages.get("torch"))
-    torch_facts = read_torch_version(torch_file) if torch_file else {}
     smi = args.get("nvidia_smi") or shutil.which("nvidia-smi")
     driver, gpus, smi_error = query_gpus(smi) if smi else (None, [], None)
-    data = dict(python_facts(), package_root=ctx.package_root, packages=packages,
-                torch_version=torch_facts.get("__version__"), torch_cuda=torch_facts.get("cuda"),
-                torch_hip=torch_facts.get("hip"), torch_version_file=torch_file,
+    data = dict(python_facts(), package_root=ctx.package_root, packages=packages, **torch_build(packages.get("torch")),
                 nvidia_smi=smi, driver_version=driver, gpus=gpus, nvidia_smi_error=smi_error, deep=None)
     if args.get("deep"):
         data["deep"] = deep_check(ctx.package_root, float(args.get("deep_timeout_s", 180)))
@@ -148,7 +144,11 @@ def installed_packages(folders: List[str]) -> Dict[str, Dict[str, Any]]:
     """For each tracked distribution, the first one found along `folders`: version, folder, tracked pins."""
     found: Dict[str, Dict[str, Any]] = {}
     for folder in folders:
-        for entry in sorted(os.listdir(folder)):
+        try:
+            entries = sorted(os.listdir(folder))
+        except OSError:  # an unreadable sys.path entry hides nothing the server could import either
+            continue
+        for entry in entries:
             if not entry.endswith(".dist-info"):
                 continue
             name = canonical_name(entry[: -len(".dist-info")].split("-", 1)[0])
@@ -175,11 +175,27 @@ def requirement_name(line: str) -> str:
     return canonical_name(match.group(1)) if match else ""
 
 
-def torch_version_file(torch: Optional[Dict[str, Any]]) -> Optional[str]:
+def torch_build(torch: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """torch's version (local tag included) and CUDA/HIP release from torch/version.py beside its dist-info.
+
+    If version.py is missing or unreadable, the dist-info's version stands in and `torch_version_error` says why.
+    """
+    build: Dict[str, Any] = {"torch_version": None, "torch_cuda": None, "torch_hip": None,
+                             "torch_version_file": None, "torch_version_error": None}
     if not torch:
-        return None
+        return build
     path = os.path.join(torch["location"], "torch", "version.py")
-    return path if os.path.isfile(path) else None
+    build["torch_version_file"] = path
+    try:
+        values = read_torch_version(path)
+    except (OSError, SyntaxError, ValueError) as exc:
+        values = {}
+        build["torch_version_error"] = f"{path}: {type(exc).__name__}: {exc}"
+    if "__version__" not in values and not build["torch_version_error"]:
+        build["torch_version_error"] = f"{path} sets no literal __version__"
+    build.update(torch_version=values.get("__version__") or torch.get("version"), torch_cuda=values.get("cuda"),
+                 torch_hip=values.get("hip"))
+    return build
 
 
 def read_torch_version(path: str) -> Dict[str, Any]:

@@ -133,6 +133,22 @@ def test_deep_imports_the_real_torch(make_site: Callable[..., Path], fingerprint
     assert fp.deep.sgl_kernel_imported is False and "undefined symbol" in str(fp.deep.sgl_kernel_error)
 
 
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda path: path.unlink(), "FileNotFoundError"),
+    (lambda path: path.write_text("__version__ = '2.11.0+cu1"), "SyntaxError"),
+    (lambda path: path.write_text("__version__ = compute()\n"), "no literal __version__"),
+])
+def test_damaged_torch_version_py_is_reported(make_site: Callable[..., Path], fingerprint_of: FingerprintOf,
+                                             no_nvidia_smi: None, damage: Callable[[Path], None], why: str) -> None:
+    site = make_site("2.11.0+cu128", "12.8")
+    damage(site / "torch" / "version.py")
+    fp = abi.Fingerprint.from_helper(fingerprint_of(site))
+    assert fp.torch_version == "2.11.0+cu128" and fp.torch_cuda is None  # the dist-info's version stands in
+    assert why in str(fp.torch_version_error)
+    [problem] = abi.errors_of(abi.check_host_stack("ct200", fp))
+    assert problem.field == "torch.version" and why in problem.message
+
+
 def test_torch_version_py_is_parsed_not_executed(tmp_path: Path) -> None:
     path = tmp_path / "version.py"
     path.write_text("import sys\nsys.exit('executed!')\n__version__ = '2.11.0+cu130'\n"
