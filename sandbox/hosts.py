@@ -134,6 +134,16 @@ class SandboxHost(BaseModel):
         """This process's environment with the host's tools first on PATH (for local transports)."""
         return {**os.environ, "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
+    def digest(self) -> str:
+        """A digest of every path's name, type, mode, size and mtime under the root: any write changes it."""
+        h = hashlib.sha256()
+        for folder, dirs, files in os.walk(self.root):
+            dirs.sort()
+            for entry in sorted(dirs + files):
+                st = os.lstat(os.path.join(folder, entry))
+                h.update(f"{folder}/{entry}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        return h.hexdigest()
+
     def inventory_entry(self, **extra: object) -> dict[str, object]:
         """The host's keys for inventory.yaml (python, package_root, state_dir), plus `extra`."""
         return {"python": str(self.python), "package_root": str(self.package_root),
