@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -104,6 +105,11 @@ def _run_one(
     except DeployError as exc:
         exc.host = exc.host or host.name
         return HostRow[R](host=host.name, error=ErrorInfo.of(exc))
+    except Exception as exc:  # a bug on one host must not hide the other hosts' results
+        details: dict[str, object] = {"traceback": traceback.format_exc()}
+        return HostRow[R](host=host.name, error=ErrorInfo(code="internal_error", message=f"{type(exc).__name__}: {exc}",
+                                                          hint="a ddtree-deploy bug; the traceback is in --json details",
+                                                          details=details))
     finally:
         transport.close()
 

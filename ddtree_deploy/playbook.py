@@ -55,7 +55,12 @@ class PlaybookReport(BaseModel):
 
 
 def builtin(name: str) -> Playbook:
-    return load_playbook(BUILTIN_DIR / f"{name}.yaml")
+    """A built-in playbook by name (push, rollback, restart)."""
+    path = BUILTIN_DIR / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
+        raise PlaybookError(f"{name}: no such playbook file, nor a built-in one", hint=f"built-ins: {known}")
+    return load_playbook(path)
 
 
 def load_playbook(path: Path) -> Playbook:
@@ -123,7 +128,7 @@ def _play_step(call: StepCall, run: HostRun) -> StepOutcome:
         outcome = steps.STEPS[call.name].fn(run, call.args)
     except DeployError as exc:
         outcome = StepOutcome(step=call.name, status="failed", message=str(exc), code=exc.code,
-                              hint=exc.hint, details=exc.details)
+                              hint=exc.hint, bad_input=exc.bad_input, details=exc.details)
     outcome.duration_s = round(time.monotonic() - started, 3)
     return outcome
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
 from ddtree_deploy import snapshot as snapshot_ops
-from ddtree_deploy.errors import DeployError, PreflightError, ProbeError
+from ddtree_deploy.errors import PreflightError, ProbeError
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import Overlay, Plan, load_overlay, overlays_path
 from ddtree_deploy.probes import LosslessProbe, ProbeResult, ProbeSpec, Reference, record_reference, run_probes
@@ -30,6 +30,7 @@ class StepOutcome(BaseModel):
     message: str = ""
     code: str | None = None
     hint: str = ""
+    bad_input: bool = False
     duration_s: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -174,11 +175,6 @@ def _noop(step: str, message: str, **details: Any) -> StepOutcome:
     return StepOutcome(step=step, status="noop", message=message, details=details)
 
 
-def _failed(step: str, error: DeployError) -> StepOutcome:
-    return StepOutcome(step=step, status="failed", message=str(error), code=error.code, hint=error.hint,
-                       details=error.details)
-
-
 # --------------------------------------------------------------------------- preflight
 
 
@@ -198,6 +194,7 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
     run.fingerprint = abi.Fingerprint.from_helper(t.call("fingerprint"), host=run.host.name)
     state = t.call("state")
     run.deployed = DeployedState.model_validate(state["deployed"]) if state.get("deployed") else None
+    run.server_args = list((state.get("launch") or {}).get("server_args") or [])
     journal = state.get("journal")
     if journal and not args.allow_open_journal:
         raise PreflightError(
@@ -326,9 +323,12 @@ def _journal_open(run: HostRun) -> bool:
 def _snapshot_problems(run: HostRun, target: str | None) -> list[abi.AbiProblem]:
     """Compare the host's fingerprint now with the one recorded in the target snapshot."""
     assert run.fingerprint is not None
-    recorded = snapshot_ops.snapshot_fingerprint(run.transport, target)
-    if recorded is None:
-        return []
+    listing = run.transport.call("snapshots")
+    journal = run.transport.call("state").get("journal") or {}
+    target = target or journal.get("snapshot") or (listing.get("state") or {}).get("snapshot")
+    recorded = next((s.get("fingerprint") for s in listing.get("snapshots", []) if s["id"] == target), None)
+    if not recorded:
+        return []  # unknown ids are refused by the restore itself, naming the known ones
     then = abi.Fingerprint.from_helper(recorded, host=run.host.name)
     return abi.check_snapshot_compat(run.host.name, run.fingerprint, then)
 
@@ -342,8 +342,14 @@ def _server_args_of(state: DeployedState | None, run: HostRun) -> list[str]:
     return list(load_overlay(state.label, overlays_path(run.options.overlays_dir)).manifest.server.args)
 
 
-def restart(run: HostRun, args: NoArgs) -> StepOutcome:
+class IfChangedArgs(NoArgs):
+    if_changed: bool = Field(default=False, description="do nothing unless this run changed the package")
+
+
+def restart(run: HostRun, args: IfChangedArgs) -> StepOutcome:
     """Stop the server, start it with the base and overlay args, wait for readiness failing fast."""
+    if args.if_changed and not run.changed:
+        return _noop("restart", "package unchanged: server left as it is")
     if run.host.service is None:
         return _noop("restart", "no service configured: nothing restarted")
     run.server = service.restart(run.transport, run.server_args)
@@ -354,8 +360,10 @@ def restart(run: HostRun, args: NoArgs) -> StepOutcome:
     return _ok("restart", f"ready after {run.server.waited_s:.1f}s (pid {run.server.pid})")
 
 
-def probe(run: HostRun, args: NoArgs) -> StepOutcome:
+def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
     """Run the overlay's probes (while its files are live) and the inventory's; any failure fails the step."""
+    if args.if_changed and not run.changed:
+        return _noop("probe", "package unchanged: nothing to probe")
     if run.host.service is None:
         return _noop("probe", "no service configured: nothing to probe")
     specs = _probe_specs(run, with_overlay=run.overlay_live)
@@ -389,6 +397,6 @@ STEPS: dict[str, StepDef] = {
     "snapshot": StepDef(fn=snapshot, args=SnapshotArgs),
     "apply": StepDef(fn=apply, args=NoArgs),
     "restore": StepDef(fn=restore, args=RestoreArgs),
-    "restart": StepDef(fn=restart, args=NoArgs),
-    "probe": StepDef(fn=probe, args=NoArgs),
+    "restart": StepDef(fn=restart, args=IfChangedArgs),
+    "probe": StepDef(fn=probe, args=IfChangedArgs),
 }

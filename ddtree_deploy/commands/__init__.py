@@ -9,7 +9,12 @@ import typer
 #: (module, command name) for plain commands; modules exposing `app` are added as groups.
 COMMANDS = [
     ("status", "status"),
+    ("push", "push"),
+    ("rollback", "rollback"),
+    ("restart", "restart"),
+    ("play", "play"),
     ("abi", "abi"),
+    ("unlock", "unlock"),
 ]
 GROUPS: list[tuple[str, str]] = []
 

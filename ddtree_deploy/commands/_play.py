@@ -1,0 +1,137 @@
+"""What push, rollback, restart and play share: running a playbook over the fleet and rendering it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from rich.table import Table
+
+from ddtree_deploy import history, playbook
+from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, operator
+from ddtree_deploy.inventory import HostSpec, Inventory
+from ddtree_deploy.output import ExitCode, console, err_console
+from ddtree_deploy.overlay import Overlay
+from ddtree_deploy.playbook import Playbook, PlaybookReport
+from ddtree_deploy.steps import HostRun, RunOptions
+from ddtree_deploy.transport import Transport
+
+#: playbook outcome -> exit code (the worst host decides)
+OUTCOME_EXIT = {
+    "ok": ExitCode.OK, "noop": ExitCode.OK, "dry_run": ExitCode.OK,
+    "refused": ExitCode.FAILED, "rolled_back": ExitCode.FAILED, "failed": ExitCode.HOST_NEEDS_ATTENTION,
+}
+_STYLE = {"ok": "green", "noop": "green", "dry_run": "cyan", "refused": "yellow", "rolled_back": "yellow",
+          "failed": "bold red"}
+
+
+def run_playbook(
+    inv: Inventory, hosts: list[HostSpec], book: Playbook, options: RunOptions, overlay: Overlay | None,
+    fleet_options: FleetOptions, *, as_json: bool,
+) -> FleetReport[PlaybookReport]:
+    """Play `book` on every host (waves per `fleet_options`), log it to the audit log, return the report."""
+    progress = _Progress(enabled=not as_json)
+
+    def work(transport: Transport) -> PlaybookReport:
+        run = HostRun(transport=transport, options=options, overlay=overlay, on_progress=progress.update)
+        return playbook.play(book, run)
+
+    with progress:
+        report = fan_out(inv, hosts, book.name, work, fleet_options)
+    history.record(book.name, operator(book.name), report, overlay=overlay.label if overlay else None)
+    return report
+
+
+def exit_code(report: FleetReport[PlaybookReport]) -> ExitCode:
+    codes = [ExitCode.OK]
+    for row in report.hosts:
+        if row.result is not None:
+            codes.append(_row_code(row.result))
+        elif row.error is not None:
+            codes.append(ExitCode.HOST_NEEDS_ATTENTION if row.error.code == "locked" else ExitCode.FAILED)
+    return max(codes)
+
+
+def _row_code(result: PlaybookReport) -> ExitCode:
+    failed = next((s for s in result.steps if s.status == "failed"), None)
+    if result.outcome == "refused" and failed is not None:
+        if failed.bad_input:
+            return ExitCode.BAD_INPUT
+        if failed.code in ("locked", "journal_open"):
+            return ExitCode.HOST_NEEDS_ATTENTION
+    return OUTCOME_EXIT.get(result.outcome, ExitCode.FAILED)
+
+
+def render(report: FleetReport[PlaybookReport]) -> None:
+    """One block per host: the outcome, each step, then the recovery steps if a rollback ran."""
+    for row in report.hosts:
+        if row.result is None:
+            message = row.error.message if row.error else "skipped (earlier wave failed)"
+            console.print(f"[bold]{row.host}[/]: [red]{message}[/]")
+            if row.error and row.error.hint:
+                console.print(f"  [dim]hint:[/] {row.error.hint}")
+            continue
+        r = row.result
+        console.print(f"[bold]{r.host}[/]: [{_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]"
+                      + (f" (failed at {r.failed_step}: {r.reason})" if r.failed_step else ""), soft_wrap=True)
+        console.print(_steps_table(r))
+        _render_evidence(r)
+
+
+def _steps_table(r: PlaybookReport) -> Table:
+    table = Table(show_header=True, box=None, padding=(0, 2))
+    for column in ("", "step", "status", "seconds", "what happened"):
+        table.add_column(column, overflow="fold")
+    for phase, outcomes in (("", r.steps), ("recovery", r.recovery)):
+        for o in outcomes:
+            colour = {"ok": "green", "noop": "dim", "failed": "red", "skipped": "dim"}[o.status]
+            table.add_row(phase, o.step, f"[{colour}]{o.status}[/]", f"{o.duration_s:.2f}", o.message)
+    return table
+
+
+def _render_evidence(r: PlaybookReport) -> None:
+    diff = r.summary.get("diff")
+    if diff:
+        console.print(diff, markup=False, highlight=False, soft_wrap=True)
+    tail = _log_tail(r)
+    if tail:
+        console.print("  [dim]server log, last lines:[/]")
+        for line in tail[-15:]:
+            console.print(f"  [dim]|[/] {line}", markup=False, highlight=False)
+    if r.outcome in ("rolled_back", "failed"):
+        state = "healthy" if r.healthy else ("UNHEALTHY" if r.healthy is False else "health unknown (no service)")
+        console.print(f"  host is now [bold]{state}[/]")
+
+
+def _log_tail(r: PlaybookReport) -> list[str]:
+    for o in r.steps + r.recovery:
+        if o.status == "failed" and o.details.get("log_tail"):
+            return list(o.details["log_tail"])
+    return []
+
+
+class _Progress:
+    """A spinner on stderr naming each host's current step (silent with --json or off a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and err_console.is_terminal
+        self.current: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.status: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            self.status = err_console.status("starting")
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status is not None:
+            self.status.__exit__(None, None, None)
+
+    def update(self, host: str, step: str) -> None:
+        if self.status is None:
+            return
+        with self.lock:
+            self.current[host] = step
+            self.status.update(" | ".join(f"{h}: {s}" for h, s in sorted(self.current.items())))

@@ -1,0 +1,67 @@
+"""`ddtree-deploy push`: preflight, plan, reference, snapshot, apply, restart, probe; roll back on failure."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ddtree_deploy import playbook
+from ddtree_deploy.commands._play import exit_code, render, run_playbook
+from ddtree_deploy.fleet import FleetOptions
+from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.output import (
+    AcceptNewHostKeyOption,
+    AllOption,
+    GroupOption,
+    HostOption,
+    InventoryOption,
+    JsonOption,
+    emit,
+    errors_rendered,
+)
+from ddtree_deploy.overlay import load_overlay, overlays_path
+from ddtree_deploy.steps import RunOptions
+
+OverlayOption = Annotated[str, typer.Option("--overlay", "-o", help="NAME[@VERSION]; default: newest version.")]
+OverlaysDirOption = Annotated[
+    str | None, typer.Option("--overlays", envvar="DDTREE_OVERLAYS", help="Overlays folder (default ./overlays).")
+]
+WaveOption = Annotated[int, typer.Option("--wave-size", help="Hosts per wave (0: all at once).")]
+MaxFailOption = Annotated[
+    int | None, typer.Option("--max-failures", help="Start no further wave once more hosts than this failed.")
+]
+
+
+def push(
+    host: HostOption = None,
+    group: GroupOption = None,
+    all_hosts: AllOption = False,
+    overlay: OverlayOption = "ddtree",
+    overlays: OverlaysDirOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan as a diff; change nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Push over drifted files.")] = False,
+    no_rollback: Annotated[bool, typer.Option("--no-rollback", help="On failure, leave the host as it failed.")] = False,
+    wave_size: WaveOption = 0,
+    max_failures: MaxFailOption = None,
+    inventory: InventoryOption = None,
+    accept_new_host_key: AcceptNewHostKeyOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Deploy an overlay to the selected hosts, in parallel; any failure after the snapshot rolls back.
+
+    Exit codes: 0 applied (or already applied, or dry run); 1 refused before any change, or failed
+    and rolled back with the host healthy; 2 bad input; 3 a host is left unhealthy, locked or with an
+    open journal.
+    """
+    with errors_rendered(as_json):
+        inv = load_inventory(inventory)
+        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
+        the_overlay = load_overlay(overlay, overlays_path(overlays))
+        options = RunOptions(overlay=the_overlay.label, overlays_dir=overlays, dry_run=dry_run, force=force,
+                             no_rollback=no_rollback)
+        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key, wave_size=wave_size,
+                                     max_failures=max_failures)
+        report = run_playbook(inv, hosts, playbook.builtin("push"), options, the_overlay, fleet_options,
+                              as_json=as_json)
+    emit(report, as_json=as_json, human=render, code=exit_code(report))

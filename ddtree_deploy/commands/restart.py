@@ -1,0 +1,36 @@
+"""`ddtree-deploy restart`: restart the server with the arguments it last ran with, then probe."""
+
+from __future__ import annotations
+
+from ddtree_deploy import playbook
+from ddtree_deploy.commands._play import exit_code, render, run_playbook
+from ddtree_deploy.fleet import FleetOptions
+from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.output import (
+    AcceptNewHostKeyOption,
+    AllOption,
+    GroupOption,
+    HostOption,
+    InventoryOption,
+    JsonOption,
+    emit,
+    errors_rendered,
+)
+from ddtree_deploy.steps import RunOptions
+
+
+def restart(
+    host: HostOption = None,
+    group: GroupOption = None,
+    all_hosts: AllOption = False,
+    inventory: InventoryOption = None,
+    accept_new_host_key: AcceptNewHostKeyOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop and start the selected hosts' servers (failing fast), then run the inventory's probes."""
+    with errors_rendered(as_json):
+        inv = load_inventory(inventory)
+        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
+        report = run_playbook(inv, hosts, playbook.builtin("restart"), RunOptions(), None,
+                              FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
+    emit(report, as_json=as_json, human=render, code=exit_code(report))
