@@ -22,8 +22,10 @@ from ddtree_deploy.errors import DeployError
 
 M = TypeVar("M", bound=BaseModel)
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# Off a terminal (CI logs, pipes) rich would wrap at 80 columns; a wider page keeps tables readable.
+_WIDTH = None if sys.stdout.isatty() else 160
+console = Console(highlight=False, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, width=_WIDTH)
 
 
 class ExitCode(enum.IntEnum):

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
 from ddtree_deploy import snapshot as snapshot_ops
-from ddtree_deploy.errors import PreflightError, ProbeError
+from ddtree_deploy.errors import PreflightError, ProbeError, ServiceError
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import Overlay, Plan, load_overlay, overlays_path
 from ddtree_deploy.probes import LosslessProbe, ProbeResult, ProbeSpec, Reference, record_reference, run_probes
@@ -360,6 +360,22 @@ def restart(run: HostRun, args: IfChangedArgs) -> StepOutcome:
     return _ok("restart", f"ready after {run.server.waited_s:.1f}s (pid {run.server.pid})")
 
 
+def stop(run: HostRun, args: NoArgs) -> StepOutcome:
+    """Stop the server's whole process group (or unit) and confirm its port is free."""
+    if run.host.service is None:
+        return _noop("stop", "no service configured: nothing to stop")
+    stopped = service.stop(run.transport)
+    run.healthy = None
+    if not stopped.was_running:
+        return _noop("stop", "server was not running")
+    if not stopped.port_free:
+        raise ServiceError(f"port {stopped.port} still in use after stopping", host=run.host.name,
+                           code="port_taken", details=stopped.model_dump(),
+                           hint="another process holds the port; see `ddtree-deploy status`")
+    how = "SIGKILL after the grace period" if stopped.sigkill else "SIGTERM"
+    return _ok("stop", f"stopped {len(stopped.pids)} processes ({how}) in {stopped.waited_s:.1f}s; port free")
+
+
 def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
     """Run the overlay's probes (while its files are live) and the inventory's; any failure fails the step."""
     if args.if_changed and not run.changed:
@@ -399,4 +415,5 @@ STEPS: dict[str, StepDef] = {
     "restore": StepDef(fn=restore, args=RestoreArgs),
     "restart": StepDef(fn=restart, args=IfChangedArgs),
     "probe": StepDef(fn=probe, args=IfChangedArgs),
+    "stop": StepDef(fn=stop, args=NoArgs),
 }

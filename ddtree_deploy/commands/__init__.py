@@ -12,6 +12,7 @@ COMMANDS = [
     ("push", "push"),
     ("rollback", "rollback"),
     ("restart", "restart"),
+    ("restart", "stop"),
     ("play", "play"),
     ("abi", "abi"),
     ("unlock", "unlock"),
@@ -22,7 +23,7 @@ GROUPS: list[tuple[str, str]] = []
 def register_all(app: typer.Typer) -> None:
     for module_name, name in COMMANDS:
         module = importlib.import_module(f"ddtree_deploy.commands.{module_name}")
-        app.command(name)(getattr(module, module_name))
+        app.command(name)(getattr(module, name))
     for module_name, name in GROUPS:
         module = importlib.import_module(f"ddtree_deploy.commands.{module_name}")
         app.add_typer(module.app, name=name)

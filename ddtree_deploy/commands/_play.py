@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from ddtree_deploy import history, playbook
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, operator
@@ -97,7 +98,7 @@ def _render_evidence(r: PlaybookReport) -> None:
     if tail:
         console.print("  [dim]server log, last lines:[/]")
         for line in tail[-15:]:
-            console.print(f"  [dim]|[/] {line}", markup=False, highlight=False)
+            console.print(Text.assemble(("  | ", "dim"), line), soft_wrap=True)
     if r.outcome in ("rolled_back", "failed"):
         state = "healthy" if r.healthy else ("UNHEALTHY" if r.healthy is False else "health unknown (no service)")
         console.print(f"  host is now [bold]{state}[/]")

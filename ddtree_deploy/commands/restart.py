@@ -1,4 +1,4 @@
-"""`ddtree-deploy restart`: restart the server with the arguments it last ran with, then probe."""
+"""`ddtree-deploy restart` and `stop`: the server alone, through the built-in playbooks of the same names."""
 
 from __future__ import annotations
 
@@ -32,5 +32,22 @@ def restart(
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
         report = run_playbook(inv, hosts, playbook.builtin("restart"), RunOptions(), None,
+                              FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
+    emit(report, as_json=as_json, human=render, code=exit_code(report))
+
+
+def stop(
+    host: HostOption = None,
+    group: GroupOption = None,
+    all_hosts: AllOption = False,
+    inventory: InventoryOption = None,
+    accept_new_host_key: AcceptNewHostKeyOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop the selected hosts' servers: SIGTERM to the whole process group, SIGKILL after the grace period."""
+    with errors_rendered(as_json):
+        inv = load_inventory(inventory)
+        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
+        report = run_playbook(inv, hosts, playbook.builtin("stop"), RunOptions(), None,
                               FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
     emit(report, as_json=as_json, human=render, code=exit_code(report))

@@ -49,16 +49,15 @@ def status_exit_code(report: FleetReport[steps.HostStatus]) -> ExitCode:
 
 def _render(report: FleetReport[steps.HostStatus]) -> None:
     table = Table(title="ddtree-deploy status", title_justify="left")
-    for column in ("host", "reachable", "python", "sglang", "torch", "cuda", "overlay", "lock", "server", "notes"):
-        table.add_column(column)
+    for column in ("host", "python", "sglang", "torch", "overlay", "lock", "server", "notes"):
+        table.add_column(column, overflow="fold")
     for row in report.hosts:
         if row.result is None:
             message = row.error.message if row.error else "skipped"
-            table.add_row(row.host, "[red]no[/]", "", "", "", "", "", "", "", f"[red]{message}[/]")
+            table.add_row(row.host, "", "", "", "", "", "[red]unreachable[/]", f"[red]{message}[/]")
             continue
         s = row.result
-        table.add_row(
-            s.host, "[green]yes[/]", s.python, s.sglang or "[red]missing[/]", s.torch or "-", s.cuda_variant or "-",
-            s.overlay or "none", s.lock or "-", s.server, "; ".join(s.notes) if s.notes else "",
-        )
+        server = f"[green]{s.server}[/]" if s.server.startswith("healthy") else s.server
+        table.add_row(s.host, s.python, s.sglang or "[red]missing[/]", s.torch or "-", s.overlay or "none",
+                      s.lock or "-", server, "; ".join(s.notes))
     console.print(table)
