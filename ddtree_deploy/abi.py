@@ -503,10 +503,11 @@ _MATRIX_ROWS: list[tuple[str, Callable[[Fingerprint], str | None]]] = [
     ("triton", lambda fp: fp.version_of("triton")),
     ("torchvision", lambda fp: fp.version_of("torchvision")),
     ("torchaudio", lambda fp: fp.version_of("torchaudio")),
-    *[(f"{name} torch pin", (lambda fp, names=names: _torch_pin(fp, names)))
-      for name, names in (("sglang", ("sglang",)), ("sglang-kernel", KERNEL_PACKAGES),
-                          ("flashinfer", FLASHINFER_PACKAGES), ("torchvision", ("torchvision",)),
-                          ("torchaudio", ("torchaudio",)))],
+    ("sglang torch pin", lambda fp: _torch_pin(fp, ("sglang",))),
+    ("sglang-kernel torch pin", lambda fp: _torch_pin(fp, KERNEL_PACKAGES)),
+    ("flashinfer torch pin", lambda fp: _torch_pin(fp, FLASHINFER_PACKAGES)),
+    ("torchvision torch pin", lambda fp: _torch_pin(fp, ("torchvision",))),
+    ("torchaudio torch pin", lambda fp: _torch_pin(fp, ("torchaudio",))),
     ("driver", lambda fp: fp.driver_version),
     ("gpus", lambda fp: _gpus(fp)),
     ("compute capability", lambda fp: ", ".join(sorted({g.compute_cap or "?" for g in fp.gpus})) or None),
@@ -558,8 +559,10 @@ class HostColumn(BaseModel):
     error: dict[str, str] | None = Field(default=None, description="{code, message, hint} when unreachable")
     problems: list[AbiProblem] = Field(default_factory=list, description="the host's own stack (check_host_stack)")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def consistent(self) -> bool:
+        """The host answered and no rule of its own stack failed (warnings allowed)."""
         return self.fingerprint is not None and not errors_of(self.problems)
 
 

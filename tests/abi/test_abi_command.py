@@ -63,6 +63,7 @@ def test_json_matrix_flags_the_variant_and_a_driver_too_old_for_cu130(
     assert rows["driver"]["values"] == {"ct129": "570.86.15", "ct200": "570.86.15"}
     ct129, ct200 = data["columns"]
     assert ct129["fingerprint"]["cuda_variant"] == "cu130" and ct200["fingerprint"]["torch_cuda"] == "12.8"
+    assert (ct129["consistent"], ct200["consistent"]) == (False, True)
     errors = [p for p in ct129["problems"] if p["severity"] == "error"]
     assert [(p["field"], p["found"], p["required"]) for p in errors] == [("driver_version", "570.86.15", ">=580")]
     assert not [p for p in ct200["problems"] if p["severity"] == "error"]
