@@ -29,7 +29,8 @@ _VARIANT = re.compile(r"^cu(\d+)(\d)$")  # cu128 -> CUDA 12.8, cu130 -> 13.0, cu
 # Table "CUDA Toolkit and Minimum Required Driver Version for CUDA Minor Version Compatibility":
 # any toolkit of a major release runs on a driver of at least this version. We ENFORCE this floor:
 # torch's pip wheels bundle their own CUDA runtime (nvidia-*-cu12 / -cu13 wheels) and rely on exactly
-# this minor-version compatibility, so below it the CUDA runtime cannot initialise at all.
+# this minor-version compatibility, so below it the CUDA runtime cannot initialise at all (short of
+# NVIDIA's forward-compatibility package, cuda-compat, on datacenter GPUs, which we do not detect).
 MINOR_VERSION_COMPAT_FLOOR = {11: "450.80.02", 12: "525.60.13", 13: "580"}
 # Table "CUDA Toolkit and Corresponding Driver Versions" (the GA release of each minor; an update of a
 # minor may list a slightly newer driver). Below this but above the floor the runtime works under
