@@ -227,10 +227,9 @@ class Model:
                  self.generation_tokens),
             ]
         out = []
-        for name, kind, doc, value in rows:
-            family = name[:-6] if kind == "counter" else name
-            out += ["# HELP %s %s" % (family, doc), "# TYPE %s %s" % (family, kind), "%s%s %s" % (name, labels,
-                                                                                              float(value))]
+        for name, kind, doc, value in rows:  # the shape prometheus_client's generate_latest writes
+            out += ["# HELP %s %s" % (name, doc), "# TYPE %s %s" % (name, kind),
+                    "%s%s %s" % (name, labels, float(value))]
         return "\n".join(out) + "\n"
 
 

@@ -1,0 +1,131 @@
+"""Probes against the stand-in server through the helper's loopback `http` op: pass, fail with evidence, skip."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from ddtree_deploy import service
+from ddtree_deploy.errors import ProbeError
+from ddtree_deploy.probes import (
+    HttpProbe,
+    LosslessProbe,
+    MetricsProbe,
+    ProbeResult,
+    ServerInfoProbe,
+    generate_greedy,
+    http_request,
+    record_reference,
+    run_probes,
+)
+
+if TYPE_CHECKING:
+    from ddtree_deploy.transport import LocalTransport
+    from tests.service.conftest import ServiceHost
+
+DDTREE_ARGS = ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
+LOSSLESS = LosslessProbe(kind="lossless", prompts=PROMPTS, max_new_tokens=32)
+
+
+def _up(host: ServiceHost, *extra: str) -> LocalTransport:
+    transport = host.transport(host.spec())
+    report = service.restart(transport, [*DDTREE_ARGS, *extra])
+    assert report.ready, report.log_tail
+    return transport
+
+
+def _by_kind(results: list[ProbeResult]) -> dict[str, ProbeResult]:
+    return {r.kind: r for r in results}
+
+
+def test_all_probe_kinds_pass_on_a_healthy_ddtree_server(svc_host: ServiceHost) -> None:
+    transport = _up(svc_host)
+    reference = record_reference(transport, [LOSSLESS])
+    assert [o.prompt for o in reference.outputs] == PROMPTS
+    assert all(len(o.output_ids) == 32 for o in reference.outputs)
+    specs = [
+        HttpProbe(kind="http", path="/health_generate"),
+        ServerInfoProbe(kind="server_info", expect={"speculative_algorithm": "DDTREE",
+                                                    "speculative_ddtree_budget": 64, "version": "0.5.17"}),
+        LOSSLESS,
+        MetricsProbe(kind="metrics", name="sglang:spec_accept_length", min=1.0),
+    ]
+    results = run_probes(transport, specs, reference)
+    assert [r.status for r in results] == ["pass"] * 4, [r.message for r in results]
+    got = _by_kind(results)
+    assert got["server_info"].got == {"speculative_algorithm": "DDTREE", "speculative_ddtree_budget": 64,
+                                      "version": "0.5.17"}
+    assert isinstance(got["metrics"].got, float) and got["metrics"].got >= 1.0
+    assert "3/3 prompts" in got["lossless"].message
+
+
+def test_lossless_mismatch_names_prompt_and_first_differing_token(svc_host: ServiceHost) -> None:
+    reference = record_reference(_up(svc_host), [LOSSLESS])
+    lossy = _up(svc_host, "--standin-corrupt-outputs")  # a restart with a "buggy" decoder
+    [result] = run_probes(lossy, [LOSSLESS], reference)
+    assert result.status == "fail" and not result.ok
+    assert result.prompt == PROMPTS[0]
+    assert result.expected == reference.lookup(PROMPTS[0], 32)
+    assert isinstance(result.expected, list) and isinstance(result.got, list)
+    first = next(i for i, (a, b) in enumerate(zip(result.expected, result.got)) if a != b)
+    assert result.first_diff == first and result.expected[:first] == result.got[:first]
+    assert f"token {first} of 32" in result.message
+
+
+def test_lossless_without_reference_is_skipped_not_passed(svc_host: ServiceHost) -> None:
+    [result] = run_probes(_up(svc_host), [LOSSLESS], None)
+    assert result.status == "skipped" and result.ok
+    assert "no reference" in result.message
+
+
+def test_server_info_mismatch_and_absent_field_are_evidence(svc_host: ServiceHost) -> None:
+    spec = ServerInfoProbe(kind="server_info", expect={"speculative_algorithm": "DFLASH",
+                                                       "speculative_ddtree_budget": 64, "ddtree_tree_depth": 8})
+    [result] = run_probes(_up(svc_host), [spec])
+    assert result.status == "fail"
+    assert result.expected == {"speculative_algorithm": "DFLASH", "ddtree_tree_depth": 8}
+    assert result.got == {"speculative_algorithm": "DDTREE", "ddtree_tree_depth": "<absent>"}
+    assert "speculative_algorithm is 'DDTREE', expected 'DFLASH'" in result.message
+
+
+def test_metrics_out_of_bounds_and_missing(svc_host: ServiceHost) -> None:
+    transport = _up(svc_host)
+    generate_greedy(transport, "warm up", 32)  # the gauge reports the last request's acceptance length
+    specs = [MetricsProbe(kind="metrics", name="sglang:spec_accept_length", max=1.0),
+             MetricsProbe(kind="metrics", name="sglang:ddtree_nodes_per_step", min=1.0),
+             MetricsProbe(kind="metrics", name="sglang:generation_tokens", min=32)]
+    bounded, missing, counter = run_probes(transport, specs)
+    assert bounded.status == "fail" and "outside [None, 1.0]" in bounded.message
+    assert isinstance(bounded.got, float) and bounded.got > 1.0
+    assert missing.status == "fail" and "not exported" in missing.message
+    assert counter.status == "pass"  # a counter matches by family name (prometheus strips _total)
+
+
+def test_metrics_probe_explains_a_server_without_metrics(svc_host: ServiceHost) -> None:
+    spec = svc_host.spec()
+    spec = spec.model_copy(update={"args": [a for a in spec.args if a != "--enable-metrics"]})
+    transport = svc_host.transport(spec)
+    assert service.restart(transport).ready
+    [result] = run_probes(transport, [MetricsProbe(kind="metrics", name="sglang:spec_accept_length", min=1)])
+    assert result.status == "fail" and result.got == 404 and "--enable-metrics" in result.message
+
+
+def test_http_probe_against_a_dead_server_fails_with_the_error(svc_host: ServiceHost) -> None:
+    transport = svc_host.transport(svc_host.spec())
+    [result] = run_probes(transport, [HttpProbe(kind="http", path="/health")])
+    assert result.status == "fail" and result.expected == 200
+    assert isinstance(result.got, str) and "refused" in result.got.lower()
+
+
+def test_reference_needs_a_live_server(svc_host: ServiceHost) -> None:
+    with pytest.raises(ProbeError) as err:
+        record_reference(svc_host.transport(svc_host.spec()), [LOSSLESS])
+    assert err.value.code == "generate_failed" and err.value.host == "sbx"
+
+
+def test_http_request_reports_status_and_body(svc_host: ServiceHost) -> None:
+    transport = _up(svc_host)
+    missing = http_request(transport, "/no_such_path")
+    assert missing.status == 404 and "Not Found" in missing.body and missing.error is None
