@@ -311,7 +311,8 @@ def arm_crash(after_s: float) -> None:
     def crash() -> None:
         time.sleep(after_s)
         try:
-            raise RuntimeError("stand-in crash requested after %.1fs (standin_crash_after)" % after_s)
+            raise RuntimeError("stand-in crash requested after %.1fs (standin_crash_after), exiting at t=%.6f"
+                               % (after_s, time.time()))
         except RuntimeError as exc:
             fatal(exc)
     threading.Thread(target=crash, daemon=True).start()
