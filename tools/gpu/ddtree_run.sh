@@ -10,7 +10,7 @@ CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$(pwd); G=$R/.gpu
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi
+export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
 BUDGET=${BUDGET:-570}
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
@@ -19,7 +19,7 @@ echo "[$(el)s] sites ready"
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 [ -d /tmp/models/hybrid ] || PYTHONPATH=/tmp/site python3 -c "
 from transformers import Qwen3NextConfig; import shutil
-Qwen3NextConfig(num_hidden_layers=4, hidden_size=256, vocab_size=1024).save_pretrained('/tmp/models/hybrid')
+Qwen3NextConfig(num_hidden_layers=4, hidden_size=256, vocab_size=1024, architectures=['Qwen3NextForCausalLM']).save_pretrained('/tmp/models/hybrid')
 [shutil.copy('/tmp/models/target/'+f, '/tmp/models/hybrid/') for f in ('tokenizer.json','tokenizer_config.json')]"
 echo "[$(el)s] models ready"
 
@@ -28,8 +28,9 @@ declare -A CASE=(
   [copy_plain]="--model-path $M/target_copy"
   [copy_plain_draftarg]="--model-path $M/target_copy --speculative-draft-model-path $M/dflash_copy"
   [copy_dflash]="--model-path $M/target_copy --speculative-algorithm DFLASH --speculative-draft-model-path $M/dflash_copy"
-  [copy_ddtree16]="--model-path $M/target_copy $DD 16 --speculative-draft-model-path $M/dflash_copy --speculative-ddtree-debug"
+  [copy_ddtree16]="--model-path $M/target_copy $DD 16 --speculative-draft-model-path $M/dflash_copy"
   [copy_ddtree64]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy"
+  [copy_ddtree64_safe]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy --speculative-ddtree-debug --disable-cuda-graph --disable-overlap-schedule"
   [copy_ddtree256]="--model-path $M/target_copy $DD 256 --speculative-draft-model-path $M/dflash_copy"
   [plain]="--model-path $M/target"
   [dflash]="--model-path $M/target --speculative-algorithm DFLASH --speculative-draft-model-path $M/dflash_draft"
@@ -59,7 +60,7 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   [ $pending = 0 ] && break; sleep 3
 done
 for c in "${CASES[@]}"; do
-  case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -m2 -E "ValueError|must be in" "$OUT/$c.log" | cut -c1-400; continue;; esac
+  case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$OUT/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
   if [ "${READY[$c]:-}" = yes ]; then
     echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 tools/gpu/ddtree_client.py ${PORT[$c]} "$OUT/$c.json" || echo "[$(el)s] $c: client FAILED"
   else
@@ -74,7 +75,8 @@ done
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
 grep -h "ddtree_debug" "$OUT"/*.log | head -400 > "$OUT/ddtree_debug.txt"
-[ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" -C /tmp/jitcache . 2>/dev/null
+[ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" --exclude=./triton -C /tmp/jitcache . 2>/dev/null
+[ -d /tmp/jitcache/triton ] && tar -cJf "$OUT/triton_cache.tar.xz" -C /tmp/jitcache triton 2>/dev/null
 (cd "$OUT" && tar -czf results.tar.gz ./*.log ./ddtree_debug.txt 2>/dev/null && rm -f ./*.log ./ddtree_debug.txt)
 (cd "$OUT" && tar -czf json.tar.gz ./*.json 2>/dev/null && rm -f ./*.json)
 echo "[$(el)s] done; files: $(cd "$OUT" && ls | tr '\n' ' ')"

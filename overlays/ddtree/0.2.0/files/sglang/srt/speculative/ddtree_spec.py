@@ -29,6 +29,11 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
     # Read by the decode CUDA-graph runner: capture the target verify with a mask.
     verifies_tree = True
 
+    # Enum methods that CustomSpecAlgo lacks in 0.5.17; their bodies only ask is_*().
+    carries_draft_hidden_states = SpeculativeAlgorithm.carries_draft_hidden_states
+    need_topk = SpeculativeAlgorithm.need_topk
+    create_future_map = SpeculativeAlgorithm.create_future_map
+
     def is_dflash_family(self) -> bool:
         return True
 

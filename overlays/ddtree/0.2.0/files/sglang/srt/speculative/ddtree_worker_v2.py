@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from copy import deepcopy
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,6 +40,54 @@ if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+
+class DDTreeBuilderGraphs:
+    """CUDA graphs of ``build_ddtree_batch``, one per batch size, so the few hundred
+    small kernels of a tree build replay as one launch. A batch is padded up to the
+    next captured size; larger batches build eagerly.
+    """
+
+    def __init__(self, *, budget: int, depth: int, vocab_size: int, dtype: torch.dtype, device: torch.device):
+        self.budget = budget
+        self.shape = (depth, vocab_size)
+        self.dtype = dtype
+        self.device = device
+        self._graphs: Dict[int, Tuple[torch.cuda.CUDAGraph, torch.Tensor, DDTreeBatch]] = {}
+
+    def capture(self, batch_sizes: List[int]) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for bs in sorted(set(batch_sizes), reverse=True):
+            logits = torch.zeros((bs, *self.shape), dtype=self.dtype, device=self.device)
+            stream = torch.cuda.Stream(device=self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up allocator and kernels off the capture
+                    build_ddtree_batch(logits, self.budget)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                tree = build_ddtree_batch(logits, self.budget)
+            self._graphs[bs] = (graph, logits, tree)
+
+    def __call__(self, draft_logits: torch.Tensor) -> DDTreeBatch:
+        bs = int(draft_logits.shape[0])
+        fits = [size for size in self._graphs if size >= bs]
+        if not fits:
+            return build_ddtree_batch(draft_logits, self.budget)
+        graph, logits, tree = self._graphs[min(fits)]
+        logits[:bs].copy_(draft_logits)
+        graph.replay()
+        return dataclasses.replace(
+            tree,
+            tokens=tree.tokens[:bs],
+            depths=tree.depths[:bs],
+            parents=tree.parents[:bs],
+            visibility=tree.visibility[:bs],
+            scores=tree.scores[:bs],
+            num_nodes=tree.num_nodes[:bs],
+            scores_exact=tree.scores_exact[:bs],
+        )
 
 
 class DDTreeWorkerV2(DFlashWorkerV2):
@@ -80,6 +129,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
             self.block_size, dtype=torch.int64, device=self.device
         )
         self._mask_buf: Optional[torch.Tensor] = None
+        self._tree_graphs: Optional[DDTreeBuilderGraphs] = None
         self._warned_grammar = False
         if self.ps.tp_rank == 0:
             logger.info(
@@ -89,6 +139,34 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                 self.verify_width,
                 self.debug,
             )
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        runner = self.model_runner.decode_cuda_graph_runner
+        batch_sizes = list(getattr(runner, "capture_bs", None) or [])
+        if not batch_sizes:
+            return
+        graphs = DDTreeBuilderGraphs(
+            budget=self.budget,
+            depth=int(self.block_size) - 1,
+            vocab_size=self.vocab_size,
+            dtype=self.target_worker.model_runner.model.lm_head.weight.dtype,
+            device=self.device,
+        )
+        try:
+            with torch.no_grad():
+                graphs.capture(batch_sizes)
+        except Exception as e:  # the eager builder gives the same trees, only slower
+            logger.warning("DDTREE tree-builder CUDA graph capture failed; building eagerly: %s", e)
+            return
+        self._tree_graphs = graphs
+        if self.ps.tp_rank == 0:
+            logger.info("DDTREE tree builder captured for batch sizes %s.", sorted(batch_sizes))
+
+    def _build_tree(self, draft_logits: torch.Tensor) -> DDTreeBatch:
+        if self._tree_graphs is not None:
+            return self._tree_graphs(draft_logits)
+        return build_ddtree_batch(draft_logits, self.budget)
 
     def _maybe_build_draft_sampler(self):
         # The tree needs the draft's full log-probs, not the folded greedy argmax.
@@ -216,7 +294,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         prefix_lens = batch.seq_lens
 
         # 1) Draft once, build the tree on the GPU (T = 1 log-probs inside).
-        tree = build_ddtree_batch(self._draft_logits(batch, draft_input), self.budget)
+        tree = self._build_tree(self._draft_logits(batch, draft_input))
 
         # 2) Verify [root] + nodes at positions prefix + depth under the tree mask.
         node_ok = self._verify_offsets[None, 1:] <= tree.num_nodes[:, None]
@@ -274,8 +352,10 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
         # 3) Walk the target's picks down the tree.
         picks = self._target_picks(batch, draft_input, logits_output.next_token_logits)
-        accepted, path = follow_verified_tree_batch(tree, picks)  # [bs], [bs, S]
-        path = path[:, :block_size]
+        # accept_len = 1 + accepted nodes; path [bs, S]: root, accepted nodes, then the
+        # last accepted node repeated (budget >= S - 1 makes max_depth = S - 1).
+        accept_len, path = follow_verified_tree_batch(tree, picks)
+        accepted = accept_len - 1
         bonus = picks.gather(1, path.gather(1, accepted[:, None])).view(-1)
         commit_lens = (accepted + 1).to(torch.int32)
         path_ids = verify_ids.gather(1, path)
