@@ -13,6 +13,7 @@ from ddtree_deploy.probes import (
     LosslessProbe,
     MetricsProbe,
     ProbeResult,
+    ProbeSpec,
     ServerInfoProbe,
     generate_greedy,
     http_request,
@@ -45,7 +46,7 @@ def test_all_probe_kinds_pass_on_a_healthy_ddtree_server(svc_host: ServiceHost) 
     reference = record_reference(transport, [LOSSLESS])
     assert [o.prompt for o in reference.outputs] == PROMPTS
     assert all(len(o.output_ids) == 32 for o in reference.outputs)
-    specs = [
+    specs: list[ProbeSpec] = [
         HttpProbe(kind="http", path="/health_generate"),
         ServerInfoProbe(kind="server_info", expect={"speculative_algorithm": "DDTREE",
                                                     "speculative_ddtree_budget": 64, "version": "0.5.17"}),
