@@ -76,7 +76,7 @@ for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
 grep -h "ddtree_debug" "$OUT"/*.log | head -400 > "$OUT/ddtree_debug.txt"
 [ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" --exclude=./triton -C /tmp/jitcache . 2>/dev/null
-[ -d /tmp/jitcache/triton ] && tar -cJf "$OUT/triton_cache.tar.xz" -C /tmp/jitcache triton 2>/dev/null
+[ -d /tmp/jitcache/triton ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp/jitcache triton 2>/dev/null
 (cd "$OUT" && tar -czf results.tar.gz ./*.log ./ddtree_debug.txt 2>/dev/null && rm -f ./*.log ./ddtree_debug.txt)
 (cd "$OUT" && tar -czf json.tar.gz ./*.json 2>/dev/null && rm -f ./*.json)
 echo "[$(el)s] done; files: $(cd "$OUT" && ls | tr '\n' ' ')"
