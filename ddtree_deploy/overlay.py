@@ -396,6 +396,13 @@ class HostFile(FileFacts):
 
     base: FileFacts | None = None
 
+    @classmethod
+    def from_helper(cls, data: dict[str, Any]) -> HostFile:
+        base = data.get("base")
+        facts = cls.model_validate(FileFacts.from_helper(data), from_attributes=True)
+        facts.content = FileFacts.from_helper(data).content
+        return facts.model_copy(update={"base": FileFacts.from_helper(base) if base is not None else None})
+
     @property
     def pristine(self) -> FileFacts:
         """What the overlay patches: the base snapshot's bytes when an overlay is deployed, else today's."""

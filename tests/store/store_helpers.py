@@ -1,0 +1,106 @@
+"""Helpers for the store tests that are not fixtures: tree hashes, tmpfs mounts, filling a disk."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ddtree_deploy.hostside import store
+from ddtree_deploy.hostside.common import Context, read_json
+from ddtree_deploy.inventory import HostSpec
+from ddtree_deploy.overlay import HostFile, Overlay, Plan, plan
+from ddtree_deploy.transport import LocalTransport
+
+OVERLAYS = Path(__file__).parent / "overlays"
+SMALL_FILES = ["sglang/__init__.py", "sglang/version.py", "sglang/srt/server_args.py",
+               "sglang/srt/speculative/spec_utils.py", "sglang/srt/speculative/spec_info.py",
+               "sglang-0.5.17.dist-info/METADATA", "sglang-0.5.17.dist-info/RECORD"]
+
+def tree_state(root: Path) -> dict[str, Any]:
+    """(sha256, mode) of every file, and mode of every folder, of sglang/ and its dist-info (__pycache__ skipped)."""
+    out: dict[str, Any] = {}
+    for top in sorted(p for p in root.iterdir() if p.name == "sglang" or p.name.endswith(".dist-info")):
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            rel_folder = Path(folder).relative_to(root).as_posix()
+            out[rel_folder + "/"] = stat.S_IMODE(os.lstat(folder).st_mode)
+            for name in files:
+                path = Path(folder, name)
+                out[f"{rel_folder}/{name}"] = (hashlib.sha256(path.read_bytes()).hexdigest(),
+                                               stat.S_IMODE(path.lstat().st_mode))
+    return out
+
+
+def folder_listing(root: Path) -> dict[str, int]:
+    """Every file under `root` (any name) with its size: to show a failed op left no stray file."""
+    return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+
+
+@contextmanager
+def tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of `size` at `folder` (we run as root); fails loudly if it cannot be mounted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def fill(folder: Path, leave_bytes: int) -> None:
+    """Fill the file system of `folder` until about `leave_bytes` remain free."""
+    free = shutil.disk_usage(folder).free
+    with open(folder / "filler", "wb") as f:
+        try:
+            f.write(b"\0" * max(free - leave_bytes, 0))
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def remount_ro(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+
+
+def build_small_site(pristine: Path, target: Path) -> Path:
+    for rel in SMALL_FILES:
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(pristine / rel, target / rel)
+    return target
+
+
+def make_ctx(site: Path, state: Path) -> Context:
+    return Context({"package_root": str(site), "state_base": str(state), "owner": "tests"})
+
+
+def local_transport(site: Path, state: Path) -> LocalTransport:
+    spec = HostSpec(name="sbx", transport="local", python=sys.executable, package_root=str(site),
+                    state_dir=str(state))
+    return LocalTransport(spec, owner="tests")
+
+
+def plan_in_process(ctx: Context, overlay: Overlay, base: str = "0.5.17") -> Plan:
+    """What `snapshot.plan_for_host` does, with the helper's ops called in-process."""
+    deployed = read_json(ctx.path("state.json")) or {}
+    owned = sorted(deployed.get("files") or {}) if deployed.get("overlay") else []
+    base_snapshot = deployed.get("base_snapshot") if deployed.get("overlay") else None
+    paths = sorted(set(overlay.touched(base)) | set(owned))
+    answer = store.read_files(ctx, {"paths": paths, "want_content": paths, "snapshot": base_snapshot})
+    facts = {p: HostFile.from_helper(f) for p, f in answer["files"].items()}
+    return plan(overlay, base, facts, deployed_paths=owned, base_snapshot=base_snapshot, host="sbx")
+
+
+def push_in_process(ctx: Context, overlay: Overlay) -> tuple[Plan, str]:
+    """plan -> snapshot -> apply, as the push playbook orders them; returns the plan and the snapshot id."""
+    the_plan = plan_in_process(ctx, overlay)
+    snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
+    store.apply(ctx, the_plan.helper_args(snap))
+    return the_plan, snap

@@ -1,0 +1,235 @@
+"""Host-side store ops, called in-process on a copy of the real sglang 0.5.17 package."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from store_helpers import folder_listing, plan_in_process, push_in_process, tree_state
+
+from ddtree_deploy.hostside import store
+from ddtree_deploy.hostside.common import Context, HelperFailure, read_json
+from ddtree_deploy.overlay import Overlay
+
+SERVER_ARGS = "sglang/srt/server_args.py"
+SPEC_INFO = "sglang/srt/speculative/spec_info.py"
+MINI_UTILS = "sglang/srt/speculative/mini_utils.py"
+MINI_V2 = "sglang/srt/speculative/mini_v2.py"
+
+
+def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every file the helper reads to hash it."""
+    calls: list[str] = []
+    real = store.hash_file
+
+    def counting(path: str) -> str:
+        calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(store, "hash_file", counting)
+    return calls
+
+
+def test_first_snapshot_stores_the_whole_release_and_later_ones_read_only_what_changed(
+        full_ctx: Context, full_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = store.snapshot(full_ctx, {"reason": "first", "fingerprint": {"torch": "2.11.0"}})
+    manifest = json.loads(Path(full_ctx.path("snapshots", first["id"] + ".json")).read_text())
+    expected = tree_state(full_site)
+    assert {p: (e["sha256"], e["mode"]) for p, e in manifest["files"].items()} == {
+        p: v for p, v in expected.items() if not p.endswith("/")}
+    assert first["files"] == len(manifest["files"]) > 3000 and "sglang-0.5.17.dist-info/RECORD" in manifest["files"]
+    assert not [p for p in manifest["files"] if "__pycache__" in p]
+    assert manifest["fingerprint"] == {"torch": "2.11.0"} and manifest["reason"] == "first"
+    distinct = {e["sha256"] for e in manifest["files"].values()}
+    assert first["new_objects"] == len(distinct) and first["new_bytes"] > 50_000_000
+    entry = manifest["files"][SERVER_ARGS]
+    obj = Path(full_ctx.path("objects", entry["sha256"][:2], entry["sha256"][2:]))
+    assert obj.read_bytes() == (full_site / SERVER_ARGS).read_bytes() and entry["size"] == obj.stat().st_size
+
+    hashed = count_hashing(monkeypatch)
+    second = store.snapshot(full_ctx, {"reason": "second"})
+    assert hashed == [] and second["new_objects"] == 0 and second["same_as"] == first["id"]
+    (full_site / SERVER_ARGS).write_text("changed\n")
+    third = store.snapshot(full_ctx, {"reason": "third"})
+    assert hashed == [str(full_site / SERVER_ARGS)]
+    assert third["new_objects"] == 1 and third["same_as"] is None
+
+
+def test_stat_cache_notices_a_same_size_rewrite_with_its_mtime_put_back(ctx: Context, site: Path) -> None:
+    store.snapshot(ctx, {"reason": "first"})
+    target = site / SPEC_INFO
+    before = target.stat()
+    data = bytearray(target.read_bytes())
+    data[0:1] = b"#" if data[0:1] != b"#" else b"%"
+    target.write_bytes(bytes(data))
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # same size, same mtime, same inode
+    snap = store.snapshot(ctx, {"reason": "second"})
+    manifest = read_json(ctx.path("snapshots", snap["id"] + ".json"))
+    assert snap["new_objects"] == 1
+    assert manifest["files"][SPEC_INFO]["sha256"] == store.hash_file(str(target))
+
+
+def test_push_then_restore_is_bit_exact_and_pushing_twice_writes_nothing(
+        full_ctx: Context, full_site: Path, mini: Callable[[str], Overlay]) -> None:
+    ctx, site = full_ctx, full_site
+    pristine = tree_state(site)
+    the_plan, snap = push_in_process(ctx, mini("0.1.0"))
+    assert {c.path: c.action for c in the_plan.changes} == {
+        SERVER_ARGS: "write", SPEC_INFO: "write", MINI_UTILS: "create"}
+    assert b"MINI_OVERLAY = True" in (site / SERVER_ARGS).read_bytes()
+    assert (site / MINI_UTILS).read_bytes() == (mini("0.1.0").root / "files" / MINI_UTILS).read_bytes()
+    assert store.verify(ctx, {})["clean"]
+    state = read_json(ctx.path("state.json"))
+    assert (state["overlay"], state["version"], state["snapshot"]) == ("mini", "0.1.0", snap)
+
+    deployed_tree, state_files = tree_state(site), folder_listing(Path(ctx.state_dir))
+    again = plan_in_process(ctx, mini("0.1.0"))
+    assert again.noop and again.digest == the_plan.digest and sorted(again.unchanged) == sorted(the_plan.files)
+    assert tree_state(site) == deployed_tree and folder_listing(Path(ctx.state_dir)) == state_files
+
+    restored = store.restore(ctx, {})
+    assert restored["snapshot"] == snap and restored["removed"] == [MINI_UTILS]
+    assert tree_state(site) == pristine
+    assert read_json(ctx.path("state.json"))["overlay"] is None
+    assert not os.path.exists(ctx.path("journal.json"))
+
+
+def test_upgrade_reverts_what_the_new_version_drops_and_rollback_returns_to_the_old_one(
+        ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+    pristine = tree_state(site)
+    _, base_snap = push_in_process(ctx, mini("0.1.0"))
+    on_010 = tree_state(site)
+    upgrade, pre_upgrade = push_in_process(ctx, mini("0.2.0"))
+    actions = {c.path: (c.action, c.why) for c in upgrade.changes}
+    assert actions[SERVER_ARGS] == ("write", "revert of the deployed overlay")
+    assert actions[MINI_V2][0] == "create" and actions[MINI_UTILS][0] == "write"
+    assert SPEC_INFO in upgrade.unchanged  # the same hunk in both versions: nothing to write
+    assert tree_state(site)[SERVER_ARGS] == pristine[SERVER_ARGS]
+    assert store.verify(ctx, {})["clean"]
+    assert read_json(ctx.path("state.json"))["base_snapshot"] == base_snap
+
+    store.restore(ctx, {})  # default: the snapshot taken before this push
+    assert tree_state(site) == on_010
+    assert read_json(ctx.path("state.json"))["version"] == "0.1.0" and store.verify(ctx, {})["clean"]
+    store.restore(ctx, {"snapshot": base_snap})
+    assert tree_state(site) == pristine and pre_upgrade != base_snap
+
+
+def test_drift_is_reported_file_by_file(ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+    push_in_process(ctx, mini("0.1.0"))
+    (site / "sglang-0.5.17.dist-info/METADATA").write_text("edited by hand\n")
+    (site / MINI_UTILS).unlink()
+    (site / "sglang/stray.py").write_text("x = 1\n")
+    os.chmod(site / "sglang/__init__.py", 0o600)
+    report = store.verify(ctx, {})
+    assert not report["clean"]
+    assert {d["path"]: d["kind"] for d in report["files"]} == {
+        "sglang-0.5.17.dist-info/METADATA": "modified", MINI_UTILS: "missing", "sglang/stray.py": "added",
+        "sglang/__init__.py": "mode"}
+
+
+def test_restore_restores_modes_and_removes_new_folders(ctx: Context, site: Path) -> None:
+    pristine = tree_state(site)
+    snap = store.snapshot(ctx, {"reason": "r"})["id"]
+    os.chmod(site / SERVER_ARGS, 0o600)
+    os.chmod(site / "sglang/srt", 0o700)
+    (site / "sglang/newpkg/deeper").mkdir(parents=True)
+    (site / "sglang/newpkg/deeper/x.py").write_text("")
+    (site / SPEC_INFO).unlink()
+    with pytest.raises(HelperFailure) as err:  # nothing deployed, no journal: the target must be named
+        store.restore(ctx, {})
+    assert err.value.code == "no_snapshot"
+    result = store.restore(ctx, {"snapshot": snap})
+    assert result["restored"] == [SPEC_INFO] and result["removed"] == ["sglang/newpkg/deeper/x.py"]
+    assert tree_state(site) == pristine
+
+
+def test_unknown_snapshot_id_is_refused_naming_known_ones(ctx: Context, site: Path) -> None:
+    snap = store.snapshot(ctx, {"reason": "r"})
+    before = tree_state(site)
+    for bad in ("20990101T000000Z-deadbeef", "../../etc/passwd"):
+        with pytest.raises(HelperFailure) as err:
+            store.restore(ctx, {"snapshot": bad})
+        assert err.value.code == "unknown_snapshot"
+    assert snap["id"] in err.value.hint or snap["id"] in str(store.snapshots(ctx, {}))
+    assert tree_state(site) == before and not os.path.exists(ctx.path("journal.json"))
+
+
+@pytest.mark.parametrize("path", ["../etc/passwd", "/etc/passwd", "sglang/../../x", "sglang/./x", "other/x.py", ""])
+def test_paths_escaping_the_package_are_refused(ctx: Context, path: str) -> None:
+    with pytest.raises(HelperFailure) as err:
+        store.read_files(ctx, {"paths": [path]})
+    assert err.value.code == "path_escapes"
+
+
+def test_symlinks_leading_outside_the_package_are_refused(ctx: Context, site: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.py").write_text("x")
+    (site / "sglang/escape").symlink_to(outside)
+    (site / "sglang/leak.py").symlink_to(outside / "secret.py")
+    for path in ("sglang/escape/secret.py", "sglang/leak.py"):
+        with pytest.raises(HelperFailure) as err:
+            store.read_files(ctx, {"paths": [path]})
+        assert err.value.code == "path_escapes" and path in err.value.message
+
+
+def test_apply_refuses_files_changed_since_the_plan_and_changes_nothing(
+        ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+    the_plan = plan_in_process(ctx, mini("0.1.0"))
+    snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
+    with open(site / SPEC_INFO, "a") as f:
+        f.write("# someone else\n")
+    before, state_before = tree_state(site), folder_listing(Path(ctx.state_dir))
+    with pytest.raises(HelperFailure) as err:
+        store.apply(ctx, the_plan.helper_args(snap))
+    assert err.value.code == "preimage_changed" and SPEC_INFO in err.value.message
+    assert tree_state(site) == before and folder_listing(Path(ctx.state_dir)) == state_before
+
+
+def test_apply_refuses_a_snapshot_that_does_not_record_the_files_now(
+        ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+    old = store.snapshot(ctx, {"reason": "old"})["id"]
+    with open(site / SPEC_INFO, "a") as f:
+        f.write("# local edit after the snapshot\n")
+    with pytest.raises(Exception) as err:  # the pristine pre-image no longer matches: the plan refuses first
+        plan_in_process(ctx, mini("0.1.0"))
+    assert getattr(err.value, "code", None) == "preimage_mismatch"
+    (site / SPEC_INFO).write_bytes((site / SPEC_INFO).read_bytes().replace(b"# local edit after the snapshot\n", b""))
+    the_plan = plan_in_process(ctx, mini("0.1.0"))
+    os.chmod(site / SERVER_ARGS, 0o640)
+    store.snapshot(ctx, {"reason": "new"})
+    args = the_plan.helper_args(old)
+    (site / MINI_UTILS).write_text("")  # a file created after snapshot `old`
+    args["changes"] = [dict(c, action="write", expect=store.hash_file(str(site / MINI_UTILS)))
+                       if c["path"] == MINI_UTILS else c for c in args["changes"]]
+    with pytest.raises(HelperFailure) as refused:
+        store.apply(ctx, args)
+    assert refused.value.code == "snapshot_stale" and MINI_UTILS in refused.value.message
+
+
+def test_changes_refuse_while_a_journal_is_open(ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+    the_plan = plan_in_process(ctx, mini("0.1.0"))
+    snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
+    Path(ctx.path("journal.json")).write_text(json.dumps({"op": "apply", "snapshot": snap, "paths": []}))
+    for op, args in ((store.snapshot, {"reason": "x"}), (store.apply, the_plan.helper_args(snap))):
+        with pytest.raises(HelperFailure) as err:
+            op(ctx, args)
+        assert err.value.code == "journal_open" and snap in err.value.hint
+    assert store.verify(ctx, {})["journal"]["snapshot"] == snap
+    store.restore(ctx, {})
+    assert not os.path.exists(ctx.path("journal.json"))
+
+
+def test_snapshots_lists_id_time_reason_files_overlay(ctx: Context, mini: Callable[[str], Overlay]) -> None:
+    _, first = push_in_process(ctx, mini("0.1.0"))
+    second = store.snapshot(ctx, {"reason": "manual"})
+    rows = store.snapshots(ctx, {})["snapshots"]
+    assert [(r["id"], r["reason"], r["overlay"]) for r in rows] == [
+        (first, "pre-push", None), (second["id"], "manual", "mini@0.1.0")]
+    assert rows[0]["files"] + 1 == rows[1]["files"] and rows[0]["time"] <= rows[1]["time"]
+    Path(ctx.path("snapshots", "index.jsonl")).unlink()  # the manifests alone still answer
+    assert [r["id"] for r in store.snapshots(ctx, {})["snapshots"]] == [first, second["id"]]
