@@ -7,6 +7,8 @@ Steps never fan out and never render; they return `StepOutcome`s that keep their
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -15,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
 from ddtree_deploy import snapshot as snapshot_ops
-from ddtree_deploy.errors import PreflightError, ProbeError, ServiceError
+from ddtree_deploy.errors import HelperError, PreflightError, ProbeError, ServiceError
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import Overlay, Plan, load_overlay, overlays_path
 from ddtree_deploy.probes import LosslessProbe, ProbeResult, ProbeSpec, Reference, record_reference, run_probes
@@ -189,7 +191,7 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
     """Lock, fingerprint, then refuse on an open journal, an inconsistent stack, an incompatible overlay or drift."""
     t = run.transport
     if args.lock and not run.options.dry_run:
-        t.call("lock", {"owner": t.owner, "ttl_s": run.options.lock_ttl_s})
+        take_lock(t, run.options.lock_ttl_s)
         run.locked = True
     run.fingerprint = abi.Fingerprint.from_helper(t.call("fingerprint"), host=run.host.name)
     state = t.call("state")
@@ -209,6 +211,30 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
         _refuse_drift(run)
     return _ok("preflight", f"{run.fingerprint.sglang_version} on torch {run.fingerprint.torch_version}"
                + (f", {run.deployed.label} deployed" if run.deployed and run.deployed.label else ""))
+
+
+def take_lock(t: Transport, ttl_s: float) -> None:
+    """Lock the host; a lock whose controller ran on this machine and is dead is taken over (and logged)."""
+    me = {"host": socket.gethostname(), "pid": os.getpid()}
+    try:
+        t.call("lock", {"owner": t.owner, "ttl_s": ttl_s, "controller": me})
+    except HelperError as exc:
+        holder = exc.details.get("holder") or {}
+        if exc.code != "locked" or not _dead_local_controller(holder.get("controller")):
+            raise
+        t.call("lock", {"owner": t.owner, "ttl_s": ttl_s, "controller": me, "take_over": holder.get("owner")})
+
+
+def _dead_local_controller(controller: Any) -> bool:
+    if not isinstance(controller, dict) or controller.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(controller["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, TypeError, ValueError):
+        return False
+    return False
 
 
 def _overlay_problems(run: HostRun) -> list[abi.AbiProblem]:

@@ -15,18 +15,22 @@ def lock(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     ctx.ensure_state_dir()
     owner = str(args["owner"])
     now = time.time()
-    record = {"owner": owner, "started": now, "expires": now + float(args.get("ttl_s", 3600))}
+    record = {"owner": owner, "started": now, "expires": now + float(args.get("ttl_s", 3600)),
+              "controller": args.get("controller")}
     path = ctx.path("lock")
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         held = read_json(path, default={}) or {}
-        if held.get("owner") != owner and held.get("expires", 0) > now:
+        stale = args.get("take_over") is not None and held.get("owner") == args.get("take_over")
+        if held.get("owner") != owner and held.get("expires", 0) > now and not stale:
             raise HelperFailure(
                 "locked", "host is locked by %s since %s" % (held.get("owner"), _iso(held.get("started"))),
                 "wait for that operation to finish, or `ddtree-deploy unlock --force` if it is dead",
                 holder=held)
-        write_json(path, record)  # ours already, or expired: take it over
+        write_json(path, record)  # ours already, expired, or its controller is known dead: take it over
+        if held.get("owner") != owner:
+            append_history(ctx, {"op": "lock", "took_over": held, "by": owner})
         return {"lock": record, "replaced": held}
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(record))

@@ -1,0 +1,1 @@
+"""Marker module of the crashy test overlay."""

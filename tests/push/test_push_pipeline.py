@@ -1,0 +1,176 @@
+"""The whole push on a sandbox host: fail fast, roll back bit-exact, probes, --no-rollback, playbooks, crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from conftest import Fleet
+
+
+def host_row(envelope: dict[str, Any]) -> dict[str, Any]:
+    rows = envelope["data"]["hosts"]  # type: ignore[index]
+    assert len(rows) == 1
+    return rows[0]
+
+
+def steps_of(result: dict[str, Any], phase: str = "steps") -> dict[str, str]:
+    return {s["step"]: s["status"] for s in result[phase]}
+
+
+def test_push_applies_then_second_push_is_a_noop_writing_nothing(fleet: Fleet) -> None:
+    before = fleet.package_digest()
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")
+    result = host_row(out)["result"]
+    assert code == 0 and result["outcome"] == "ok", result
+    assert steps_of(result) == {s: "ok" for s in
+                                ("preflight", "plan", "reference", "snapshot", "apply", "restart", "probe")}
+    applied = fleet.package_digest()
+    assert applied != before
+    state_dir_mtimes = _tree_mtimes(fleet.root / "hosts" / "ct200" / "state")
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")
+    assert code == 0 and host_row(out)["result"]["outcome"] == "noop"
+    assert fleet.package_digest() == applied
+    changed = {p for p, m in _tree_mtimes(fleet.root / "hosts" / "ct200" / "state").items()
+               if state_dir_mtimes.get(p) != m and not p.endswith(("lock", "history.jsonl"))}
+    assert not changed, f"a no-op push wrote {changed}"
+
+
+def test_dry_run_prints_the_diff_and_changes_nothing(fleet: Fleet) -> None:
+    before = fleet.package_digest()
+    proc = fleet.cli("push", "--host", "ct200", "--overlay", "lossy", "--dry-run")
+    assert proc.returncode == 0, proc.stdout
+    assert "+++ b/sglang/srt/speculative/lossy_marker.py" in proc.stdout
+    assert fleet.package_digest() == before
+
+
+@pytest.mark.parametrize(("overlay", "why"), [
+    ("broken", "server_fatal_log"),  # the package does not compile: Traceback at start-up
+    ("crashy", None),  # the server exits shortly after it starts
+    ("hangs", "server_timeout"),  # never ready
+    ("lossy", "probe_failed"),  # answers differ from the reference
+])
+def test_a_failed_push_rolls_back_bit_exact_and_healthy(fleet: Fleet, overlay: str, why: str | None) -> None:
+    before = fleet.package_digest()
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", overlay)
+    result = host_row(out)["result"]
+    assert code == 1 and result["outcome"] == "rolled_back", result
+    failed = next(s for s in result["steps"] if s["status"] == "failed")
+    if why is not None:
+        assert failed["code"] == why, failed
+    assert steps_of(result, "recovery") == {"restore": "ok", "restart": "ok", "probe": "ok"}
+    assert result["healthy"] is True
+    assert fleet.package_digest() == before
+    code, status = fleet.json("status")
+    assert code == 0 and host_row(status)["result"]["server"].startswith("healthy")
+
+
+def test_a_crash_at_start_is_reported_with_the_log_tail(fleet: Fleet) -> None:
+    proc = fleet.cli("push", "--host", "ct200", "--overlay", "broken")
+    assert proc.returncode == 1
+    assert "SyntaxError" in proc.stdout and "host is now healthy" in proc.stdout
+
+
+def test_no_rollback_leaves_the_failure_for_status_and_rollback(fleet: Fleet) -> None:
+    before = fleet.package_digest()
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "broken", "--no-rollback")
+    assert code == 3 and host_row(out)["result"]["outcome"] == "failed"
+    assert fleet.package_digest() != before
+    code, status = fleet.json("status")
+    row = host_row(status)["result"]
+    assert code == 3 and row["overlay"] == "broken@0.0.1" and row["server"].startswith("unhealthy")
+    code, out = fleet.json("rollback", "--host", "ct200")
+    assert code == 0 and host_row(out)["result"]["outcome"] == "ok"
+    assert fleet.package_digest() == before
+    assert fleet.json("status")[0] == 0
+
+
+def test_a_port_taken_by_another_process_fails_and_says_so(fleet: Fleet) -> None:
+    port = _service_port(fleet)
+    assert fleet.cli("stop", "--host", "ct200").returncode == 0
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind(("127.0.0.1", port))
+    squatter.listen()
+    try:
+        code, out = fleet.json("push", "--host", "ct200", "--overlay", "lossy")
+        result = host_row(out)["result"]
+        assert code == 3 and result["outcome"] == "failed" and result["healthy"] is False
+        assert "port" in result["reason"] and str(port) in result["reason"]
+    finally:
+        squatter.close()
+    code, out = fleet.json("rollback", "--host", "ct200")
+    assert code == 0, out
+
+
+def test_push_and_rollback_playbooks_run_from_their_yaml(fleet: Fleet) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    before = fleet.package_digest()
+    code, out = fleet.json("play", str(repo / "playbooks" / "push.yaml"), "--host", "ct200",
+                           "--overlay", "lossy", "--no-rollback")
+    assert code == 3 and host_row(out)["result"]["failed_step"] == "probe"
+    code, out = fleet.json("play", str(repo / "playbooks" / "rollback.yaml"), "--host", "ct200")
+    assert code == 0 and steps_of(host_row(out)["result"])["restore"] == "ok"
+    assert fleet.package_digest() == before
+
+
+def test_an_unknown_step_is_a_load_error_before_any_host_is_touched(fleet: Fleet, tmp_path: Path) -> None:
+    book = tmp_path / "mine.yaml"
+    book.write_text("steps:\n  - preflight: {}\n  - reboot: {}\n")
+    proc = fleet.cli("play", str(book), "--host", "ct200")
+    assert proc.returncode == 2 and "unknown step 'reboot'" in proc.stderr and str(book) in proc.stderr
+    book.write_text("steps:\n  - snapshot: {reason: pre, colour: red}\n")
+    proc = fleet.cli("play", str(book), "--host", "ct200", "--json")
+    assert proc.returncode == 2 and '"playbook_invalid"' in proc.stdout and "colour" in proc.stdout
+
+
+@pytest.mark.parametrize("point", ["journal_written", "file_written:1", "state_written"])
+def test_a_controller_killed_mid_push_leaves_a_journal_that_rollback_undoes(fleet: Fleet, tmp_path: Path,
+                                                                          point: str) -> None:
+    code, out = fleet.json("rollback", "--host", "ct200")  # start from the pristine package
+    assert code == 0, out
+    before = fleet.package_digest()
+    signal_file = tmp_path / "paused"
+    env = {**fleet.env, "DDTREE_TEST_PAUSE_AT": point, "DDTREE_TEST_PAUSE_SIGNAL": str(signal_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_deploy.cli", "push", "--host", "ct200",
+                             "--overlay", "ddtree@0.1.0"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(signal_file, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # the controller and the helper it runs, mid-transaction
+    proc.wait()
+    code, status = fleet.json("status")
+    assert code == 3 and host_row(status)["result"]["journal_open"] is True
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")
+    failed = host_row(out)["result"]["steps"][0]
+    assert code == 3 and failed["code"] == "journal_open" and "rollback" in failed["hint"]
+    code, out = fleet.json("rollback", "--host", "ct200")
+    assert code == 0, out
+    assert fleet.package_digest() == before
+    assert fleet.json("status")[0] == 0
+
+
+def _wait_for(signal_file: Path, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while not signal_file.exists():
+        assert proc.poll() is None, "push ended before reaching the pause point"
+        assert time.monotonic() < deadline, "push never reached the pause point"
+        time.sleep(0.05)
+
+
+def _service_port(fleet: Fleet) -> int:
+    import yaml
+
+    return int(yaml.safe_load(fleet.inventory.read_text())["hosts"]["ct200"]["service"]["port"])
+
+
+def _tree_mtimes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
