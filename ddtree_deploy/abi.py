@@ -353,7 +353,7 @@ def check_torch_metadata(host: str, fp: Fingerprint) -> list[AbiProblem]:
             message=f"torch's build is unknown: {fp.torch_version_error}",
             hint="torch is damaged (a partial copy?); reinstall it with pip"))
     dist = fp.version_of("torch")
-    if dist and fp.torch_version and dist != fp.torch_version:
+    if dist and fp.torch_version and not _same_build(dist, fp.torch_version):
         problems.append(AbiProblem(
             host=host, field="torch.version", found=fp.torch_version, required=dist,
             message=f"torch/version.py says {fp.torch_version} but torch's dist-info says {dist}",
@@ -365,6 +365,15 @@ def check_torch_metadata(host: str, fp: Fingerprint) -> list[AbiProblem]:
             message=f"torch {fp.torch_version} is tagged for CUDA {tagged} but torch.version.cuda is {fp.torch_cuda}",
             hint="torch files from another CUDA variant were copied in; reinstall torch with pip"))
     return problems
+
+
+def _same_build(dist: str, module: str) -> bool:
+    """dist-info and version.py agree; PyPI's wheels carry no local tag in their metadata (dist-info
+    `2.11.0`, version.py `2.11.0+cu130`, as on the team's H200 box), so an untagged dist-info matches any tag."""
+    a, b = _version(dist), _version(module)
+    if a is None or b is None:
+        return dist == module
+    return a.public == b.public and (a.local is None or a.local == b.local)
 
 
 def check_driver(host: str, fp: Fingerprint) -> list[AbiProblem]:

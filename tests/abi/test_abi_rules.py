@@ -18,7 +18,8 @@ def fingerprint(**changes: Any) -> abi.Fingerprint:
     """ct200 as the team runs it (torch 2.11.0+cu128, a consistent stack), with `changes` applied."""
     data: dict[str, Any] = {
         "python_version": "3.11.7", "abi_tag": "cp311",
-        "platform": {"sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.11"},
+        "platform": {"sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+                     "python_version": "3.11"},
         "packages": {
             "sglang": {"name": "sglang", "version": "0.5.17", "requires": SGLANG_PINS},
             "torch": {"name": "torch", "version": "2.11.0+cu128", "requires": []},
@@ -110,6 +111,17 @@ CASES: list[tuple[str, Rule, abi.Fingerprint, list[tuple[str, str]]]] = [
      [("torchvision.requires.torchaudio", "warning")]),
     ("stack: dist-info and version.py disagree", stack, fingerprint(torch_version="2.11.0+cu130", torch_cuda="13.0"),
      [("torch.version", "error"), ("driver_version", "error")]),
+    ("stack: PyPI wheel: untagged dist-info, tagged version.py", stack,
+     cu130(packages=with_package("torch", "2.11.0", ['triton==3.6.0; platform_system == "Linux"'])),
+     [("torch.requires.triton", "warning")]),
+    ("stack: host marker environment decides", stack,
+     cu130(platform={"platform_system": "Darwin"},
+           packages=with_package("torch", "2.11.0", ['triton==3.6.0; platform_system == "Linux"'])), []),
+    ("stack: dist-info release differs from version.py", stack,
+     fingerprint(packages=with_package("torch", "2.10.0", [])),
+     [("sglang.requires.torch", "error"), ("sglang-kernel.requires.torch", "error"), ("torch.version", "error")]),
+    ("stack: old-style parenthesised pin", stack,
+     fingerprint(packages=with_package("torchvision", "0.26.0", ["torch (==2.11.0)"])), []),
     ("stack: local tag and torch.version.cuda disagree", stack, fingerprint(torch_cuda="13.0", driver_version="580.95.05"),
      [("torch_cuda", "error")]),
     ("stack: cu130 needs an R580 driver", stack, cu130(driver_version="570.124.06"), [("driver_version", "error")]),
