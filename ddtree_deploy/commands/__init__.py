@@ -15,6 +15,7 @@ COMMANDS = [
     ("restart", "stop"),
     ("play", "play"),
     ("abi", "abi"),
+    ("logs", "logs"),
     ("unlock", "unlock"),
 ]
 GROUPS: list[tuple[str, str]] = []
