@@ -35,9 +35,12 @@ def write_dist(site: Path, name: str, version: str, requires: list[str] | None =
     (folder / "METADATA").write_text("\n".join(lines) + "\n\nLong description, not headers.\nName: not-this\n")
 
 
-def write_torch(site: Path, version: str, cuda: str | None) -> None:
-    """torch's dist-info and a torch/version.py shaped like the real one (annotated assignments)."""
-    write_dist(site, "torch", version, ["filelock", "sympy>=1.13.3"])
+def write_torch(site: Path, version: str, cuda: str | None, dist_version: str | None = None) -> None:
+    """torch's dist-info and a torch/version.py shaped like the real one (annotated assignments).
+
+    PyPI's wheels write no local tag into the dist-info (`dist_version` 2.11.0 for version.py's 2.11.0+cu130).
+    """
+    write_dist(site, "torch", dist_version or version, ["filelock", "sympy>=1.13.3"])
     (site / "torch").mkdir()
     (site / "torch" / "version.py").write_text(
         "from typing import Optional\n\n"
@@ -57,13 +60,13 @@ def make_site(tmp_path: Path) -> SiteFactory:
     counter = iter(range(1000))
 
     def make(torch: str | None = "2.11.0+cu128", cuda: str | None = "12.8",
-             dists: dict[str, tuple[str, list[str]]] | None = None) -> Path:
+             dists: dict[str, tuple[str, list[str]]] | None = None, torch_dist: str | None = None) -> Path:
         site = tmp_path / f"site{next(counter)}"
         (site / "sglang").mkdir(parents=True)
         (site / "sglang" / "__init__.py").write_text("")
         write_dist(site, "sglang", "0.5.17", SGLANG_0517_REQUIRES)
         if torch is not None:
-            write_torch(site, torch, cuda)
+            write_torch(site, torch, cuda, torch_dist)
         for name, (version, requires) in (dists or {}).items():
             write_dist(site, name, version, requires)
         return site

@@ -56,6 +56,16 @@ def test_torch_variants(make_site: Callable[..., Path], fingerprint_of: Fingerpr
     assert (fp.torch_version, fp.torch_cuda, fp.cuda_variant, fp.variant_label) == (torch, cuda, variant, label)
 
 
+def test_pypi_wheel_layout_as_on_the_h200_box(make_site: Callable[..., Path], fingerprint_of: FingerprintOf,
+                                             nvidia_smi: Callable[..., Path]) -> None:
+    """What the real fingerprint op read on an H200 host: torch from PyPI, dist-info 2.11.0, version.py +cu130."""
+    nvidia_smi(["NVIDIA H200, 580.159.04, 9.0"])
+    fp = abi.Fingerprint.from_helper(fingerprint_of(make_site("2.11.0+cu130", "13.0", torch_dist="2.11.0")))
+    assert (fp.version_of("torch"), fp.torch_version, fp.cuda_variant) == ("2.11.0", "2.11.0+cu130", "cu130")
+    assert abi.errors_of(abi.check_host_stack("h200", fp)) == []
+    assert abi.check_requires("h200", fp, abi.Requires(torch="==2.11.0", cuda=["cu130"])) == []
+
+
 def test_nvidia_smi_on_path_reports_driver_too_old_for_cu130(
         make_site: Callable[..., Path], fingerprint_of: FingerprintOf, nvidia_smi: Callable[..., Path]) -> None:
     nvidia_smi(H200_OLD_DRIVER)
