@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -288,3 +290,16 @@ def test_matrix_flags_differences_and_inconsistent_hosts() -> None:
         False, True, False)
     assert not matrix.consistent
     assert abi.build_matrix(columns[1:2]).consistent
+
+
+def test_real_h200_fingerprint() -> None:
+    """The fingerprint op's answer (with --deep) on a real H200 host with PyPI's torch 2.11.0, recorded once."""
+    data = json.loads((Path(__file__).parent / "data" / "h200_fingerprint.json").read_text())
+    fp = abi.Fingerprint.from_helper(data, host="h200")
+    assert (fp.torch_version, fp.cuda_variant, fp.driver_version) == ("2.11.0+cu130", "cu130", "580.159.04")
+    assert fp.deep is not None and fp.deep.cuda_available and fp.deep.capabilities == ["9.0"]
+    assert abi.errors_of(abi.check_host_stack("h200", fp)) == []
+    spec = {"cu128": abi.ArtifactBuild(torch="2.11.0"), "cu130": abi.ArtifactBuild(torch="2.11.0")}
+    assert abi.select_artifacts("h200", fp, spec).folder == "files-cu130"
+    [problem] = abi.check_requires("h200", fp, abi.Requires(cuda=["cu128"]))
+    assert (problem.found, problem.required) == ("cu130", "cu128")
