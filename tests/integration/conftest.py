@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from sshd_fleet import FLEET_PROFILES, Fleet, start_fleet
 
+#: the session fleet's start-up timings (seconds), printed in the terminal summary
+STARTUP: dict[str, float] = {}
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
@@ -31,6 +34,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     started = time.monotonic()
     fleet = start_fleet(tmp_path_factory.mktemp("fleet"))
     fleet.startup_s["total"] = time.monotonic() - started
+    STARTUP.update(fleet.startup_s)
     yield fleet
     fleet.stop()
 
@@ -60,3 +64,10 @@ def fleet_factory(tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
 def fresh_fleet(fleet_factory: Callable[..., Fleet]) -> Fleet:
     """New ct129 and ct200 trees and servers for this test alone (about 1.5 s a host): for tests that change files."""
     return fleet_factory()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how long the session fleet took to start, so a slow fixture is seen, not guessed."""
+    if STARTUP:
+        parts = ", ".join(f"{key} {seconds:.2f} s" for key, seconds in STARTUP.items())
+        terminalreporter.write_line(f"sshd fleet start-up: {parts}")

@@ -1,0 +1,1 @@
+"""Marker module of the needs-cu130 test overlay."""

@@ -1,0 +1,1 @@
+"""Marker module of the needs-py313 test overlay."""
