@@ -52,10 +52,13 @@ __all__ = [
 
 # Sibling scores in the heap are computed from the previous sibling, so a float64 rounding in
 # one step carries into the later siblings. The batch builder replays such roundings with this
-# many correction passes per depth; more rounding events than that are reported through
-# ``DDTreeBatch.scores_exact`` (none were seen on realistic logits: they need float64 sums
-# whose bits span more than 53 binary digits).
-_DDTREE_SIBLING_FOLD_PASSES = 1
+# many correction passes per depth; a tree that depends on more events than that is reported
+# through ``DDTreeBatch.scores_exact``. Events need float64 sums whose bits span more than
+# 53 binary digits (near-certain draft tokens on paths scoring below about -100); none were
+# seen on random logits.
+_DDTREE_SIBLING_FOLD_PASSES = 2
+# Relative bound on how far an unreplayed score can be off (thousands of ulps).
+_DDTREE_CUT_MARGIN = 2.0**-40
 
 
 @dataclass
@@ -349,31 +352,35 @@ def _ddtree_sibling_scores(
     ``t0 = s + l0; t(j+1) = (t(j) - l(j)) + l(j+1)``. Writing ``u(j) = t(j) - l(j)`` gives
     ``t(j+1) = u(j) + l(j+1)``: while ``u`` stays equal to ``s`` the fold is the closed form
     ``s + l(r)``. A rounding "event" at rank j changes ``u`` for all later ranks; each pass
-    finds the first event of every parent and recomputes the ranks after it.
+    finds the next event of every parent and recomputes the ranks after it.
 
     Args:
         parent_scores, log_probs: Shape: [bs, P], float64, in layout order.
 
     Returns:
-        (scores [bs, P], exact [bs]): exact is False where an event was left unreplayed.
+        (scores, unresolved), both [bs, P]: unresolved marks scores computed after an event
+        that the passes did not replay (they may be off by a few ulps).
     """
     u = parent_scores
     scores = u + log_probs
-    start = torch.zeros_like(layout.rank)
     rank = layout.rank.expand_as(scores)
     last_rank = (layout.count[layout.parent_slot] - 1).expand_as(scores)
-    for _ in range(_DDTREE_SIBLING_FOLD_PASSES):
+    start = torch.zeros_like(rank)
+
+    def next_event() -> torch.Tensor:
         back = scores - log_probs
         event = (back != u) & torch.isfinite(scores) & (rank >= start) & (rank < last_rank)
-        first_event = _ddtree_segment_min(torch.where(event, rank, k), layout, width, k)
+        return _ddtree_segment_min(torch.where(event, rank, k), layout, width, k)
+
+    for _ in range(_DDTREE_SIBLING_FOLD_PASSES):
+        first_event = next_event()
         later = rank > first_event
         event_at = layout.first[layout.parent_slot] + first_event.clamp(max=k - 1)
-        u = torch.where(later, back.gather(1, event_at.clamp(max=layout.size - 1)), u)
+        u_event = (scores - log_probs).gather(1, event_at.clamp(max=layout.size - 1))
+        u = torch.where(later, u_event, u)
         scores = torch.where(later, u + log_probs, scores)
-        start = torch.where(later, first_event + 1, start)
-    back = scores - log_probs
-    event = (back != u) & torch.isfinite(scores) & (rank >= start) & (rank < last_rank)
-    return scores, ~event.any(dim=1)
+        start = torch.where(first_event < k, first_event + 1, start)
+    return scores, rank > next_event()
 
 
 def _ddtree_root_only_batch(bs: int, budget: int, device: torch.device) -> DDTreeBatch:
@@ -455,10 +462,9 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
             # The root scores 0.0, so every sibling step is exact.
             scores = parent_scores + cand_log_probs
         else:
-            scores, level_exact = _ddtree_sibling_scores(
+            scores, unresolved = _ddtree_sibling_scores(
                 parent_scores, cand_log_probs, layout, widths[depth - 1], k
             )
-            exact = exact & level_exact
         scores = torch.where(torch.isfinite(scores), scores, -math.inf)
 
         # Order candidates by (score desc, rank path asc): sort by the path key, then stably
@@ -470,6 +476,11 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
         lex_position = torch.empty_like(lex_order).scatter_(
             1, lex_order, torch.arange(layout.size, device=device).expand(bs, layout.size)
         )
+        if depth > 1:
+            # Only unreplayed scores near this depth's cut can change the tree.
+            cut = by_score.values[:, width - 1 : width]
+            near_cut = scores >= cut - scores.abs() * _DDTREE_CUT_MARGIN
+            exact &= ~(unresolved & near_cut & torch.isfinite(scores)).any(dim=1)
         pick_slot = layout.parent_slot[pick]
         pick_rank = layout.rank[pick]
 
