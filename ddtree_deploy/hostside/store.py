@@ -196,8 +196,8 @@ def store_batch(ctx: Context, sources: List[Tuple[str, str]]) -> List[str]:
     """
     staged: List[Tuple[str, str]] = []
     done: List[str] = []
+    unique = {sha: source for source, sha in sources}  # identical files share one object
     try:
-        unique = {sha: source for source, sha in sources}  # identical files share one object
         for sha, source in unique.items():
             tmp = store_object(ctx, source, sha, durable=False)
             if tmp:
@@ -209,6 +209,8 @@ def store_batch(ctx: Context, sources: List[Tuple[str, str]]) -> List[str]:
         os.sync()
     except BaseException:
         forget_objects([tmp for tmp, _ in staged] + done)
+        for sha in unique:  # a folder made for a temp that failed half-way (a non-empty one stays)
+            rmdir_quietly(os.path.dirname(object_path(ctx, sha)))
         raise
     return done
 
@@ -347,10 +349,14 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
 def forget_objects(paths: List[str]) -> None:
     for path in paths:
         remove_quietly(path)
-        try:
-            os.rmdir(os.path.dirname(path))
-        except OSError:
-            pass  # still holds other objects
+        rmdir_quietly(os.path.dirname(path))
+
+
+def rmdir_quietly(folder: str) -> None:
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass  # not empty: it holds other objects
 
 
 def overlay_label(state: Optional[Dict[str, Any]]) -> Optional[str]:
@@ -540,6 +546,7 @@ def stage_apply(ctx: Context, changes: List[Dict[str, Any]], targets: List[str],
     """Temp files beside every target; on any failure remove them (and the journal) so nothing changed."""
     temps: List[Optional[str]] = []
     try:
+        probe_writable([full for change, full in zip(changes, targets) if change["action"] == "delete"])
         for folder in new_dirs:
             os.mkdir(folder, 0o755)
         for change, full, data in zip(changes, targets, payloads):
@@ -557,6 +564,14 @@ def stage_apply(ctx: Context, changes: List[Dict[str, Any]], targets: List[str],
         undo_staging(ctx, temps, new_dirs)
         raise
     return temps
+
+
+def probe_writable(paths: List[str]) -> None:
+    """Prove the folders of files about to be removed or chmodded accept changes, before anything changes."""
+    for folder in sorted({os.path.dirname(p) for p in paths}):
+        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+        os.close(fd)
+        os.unlink(tmp)
 
 
 def ensure_preimage_objects(ctx: Context, changes: List[Dict[str, Any]], targets: List[str]) -> None:
@@ -629,7 +644,7 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     write_json(ctx.path("journal.json"), {"op": "restore", "snapshot": target, "started": time.time(),
                                           "by": ctx.owner, "paths": paths, "interrupted": journal})
     pause_point("restore_journal_written")
-    temps = stage_restore(ctx, manifest, todo["write"], todo["mkdir"], journal)
+    temps = stage_restore(ctx, manifest, todo, journal)
     commit_restore(ctx, manifest, todo, temps)
     verify_restored(ctx, manifest, cache, tuple(todo["write"]))
     forget_bytecode([os.path.join(ctx.package_root, p) for p in paths])
@@ -657,12 +672,15 @@ def restore_plan(manifest: Dict[str, Any], current: Dict[str, Entry], dirs: Dict
     return {"write": sorted(write), "chmod": chmod, "remove": remove, "rmdir": rmdir, "mkdir": mkdir}
 
 
-def stage_restore(ctx: Context, manifest: Dict[str, Any], write: List[str], mkdir: List[str],
+def stage_restore(ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[str]],
                   journal: Optional[Dict[str, Any]]) -> Dict[str, str]:
     """Temp copies of every file to bring back, checked against their hashes; undone completely on failure."""
     temps: Dict[str, str] = {}
     made: List[str] = []
+    write, mkdir = todo["write"], todo["mkdir"]
     try:
+        probe_writable([os.path.join(ctx.package_root, p.rstrip("/")) for p in todo["remove"] + todo["chmod"]
+                        + todo["rmdir"]])
         for rel in mkdir:
             full = os.path.join(ctx.package_root, rel)
             os.mkdir(full)

@@ -41,8 +41,8 @@ def tree_state(root: Path) -> dict[str, Any]:
 
 
 def folder_listing(root: Path) -> dict[str, int]:
-    """Every file under `root` (any name) with its size: to show a failed op left no stray file."""
-    return {p.relative_to(root).as_posix(): p.stat().st_size for p in root.rglob("*") if p.is_file()}
+    """Every file (with its size) and folder (-1) under `root`: to show a failed op left nothing behind."""
+    return {p.relative_to(root).as_posix(): p.stat().st_size if p.is_file() else -1 for p in root.rglob("*")}
 
 
 @contextmanager

@@ -1,0 +1,90 @@
+"""Crash safety: SIGKILL the controller (and its helper) at named points of a push or a rollback.
+
+Every kill must leave an open journal that later commands report and refuse on, and a rollback
+must then restore the pre-push package bit-exact.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from store_helpers import OVERLAYS, local_transport, tree_state
+
+from ddtree_deploy import snapshot
+from ddtree_deploy.errors import HelperError
+from ddtree_deploy.overlay import Plan, load_overlay
+from ddtree_deploy.transport import LocalTransport
+
+CONTROLLER = Path(__file__).with_name("crash_controller.py")
+# mini@0.1.0 writes 3 files: server_args.py, spec_info.py (patched), mini_utils.py (created)
+APPLY_POINTS = ["journal_written", "file_staged:1", "file_written:1", "file_written:3", "state_written"]
+
+
+def controller_env(**extra: str) -> dict[str, str]:
+    repo = str(Path(__file__).resolve().parents[2])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(CONTROLLER.parent), repo]), **extra)
+
+
+def run_and_kill(argv: list[str], point: str, tmp_path: Path) -> None:
+    """Start the controller with the helper pausing at `point`; SIGKILL the whole process group there."""
+    signal_file = tmp_path / f"paused-{point.replace(':', '-')}"
+    env = controller_env(DDTREE_TEST_PAUSE_AT=point, DDTREE_TEST_PAUSE_SIGNAL=str(signal_file),
+                         DDTREE_TEST_PAUSE_S="120")
+    proc = subprocess.Popen([sys.executable, str(CONTROLLER), *argv], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not signal_file.exists():
+        if proc.poll() is not None:
+            _, err = proc.communicate()
+            pytest.fail(f"controller ended before pausing at {point}: {err.decode()[-2000:]}")
+        assert time.monotonic() < deadline, f"helper never reached {point}"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def assert_refused_until_rollback(t: LocalTransport, site: Path, before: dict[str, object], plan: Plan) -> None:
+    journal = t.call("state")["journal"]
+    assert journal is not None
+    assert snapshot.verify(t).journal_open
+    for refused in (lambda: snapshot.take_snapshot(t, "after crash"),
+                    lambda: snapshot.apply_plan(t, plan, journal["snapshot"])):
+        with pytest.raises(HelperError) as err:
+            refused()
+        assert err.value.code == "journal_open" and journal["snapshot"] in err.value.hint
+    result = snapshot.restore(t)
+    assert result.closed_journal and result.snapshot == journal["snapshot"]
+    assert tree_state(site) == before
+    assert t.call("state")["journal"] is None
+    assert snapshot.verify(t).clean
+
+
+@pytest.mark.parametrize("point", APPLY_POINTS)
+def test_push_killed_at_any_point_leaves_a_journal_and_rollback_restores_bit_exact(
+        point: str, site: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    t = local_transport(site, state)
+    before = tree_state(site)
+    plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
+    run_and_kill(["push", str(site), str(state), "mini@0.1.0"], point, tmp_path)
+    assert_refused_until_rollback(t, site, before, plan)
+
+
+@pytest.mark.parametrize("point", ["restore_journal_written", "restore_file_written:1"])
+def test_rollback_killed_half_way_is_finished_by_the_next_rollback(point: str, site: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    t = local_transport(site, state)
+    before = tree_state(site)
+    plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
+    subprocess.run([sys.executable, str(CONTROLLER), "push", str(site), str(state), "mini@0.1.0"], check=True,
+                   env=controller_env())
+    assert tree_state(site) != before
+    run_and_kill(["rollback", str(site), str(state)], point, tmp_path)
+    assert_refused_until_rollback(t, site, before, plan)
