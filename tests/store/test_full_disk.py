@@ -6,8 +6,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from store_helpers import build_small_site, fill, folder_listing, make_ctx, plan_in_process, push_in_process, \
-    remount_ro, tmpfs, tree_state
+from store_helpers import (
+    build_small_site,
+    fill,
+    folder_listing,
+    make_ctx,
+    plan_in_process,
+    push_in_process,
+    remount_ro,
+    tmpfs,
+    tree_state,
+)
 
 from ddtree_deploy.hostside import store
 from ddtree_deploy.hostside.common import HelperFailure
