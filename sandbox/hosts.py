@@ -10,6 +10,7 @@ path through a shell):
         sgl_kernel/, sglang_kernel-<v>.dist-info/, flashinfer/, flashinfer_python-<v>.dist-info/
     <root>/bin/nvidia-smi       a stand-in answering the queries nvidia-smi answers (optional)
     <root>/state/               the state base the inventory points at, so hosts never share state
+    <root>/home/                the host's home directory (separate machines have separate homes)
 
 The release is fetched once with `pip download --no-deps sglang==<v>` into
 `~/.cache/ddtree-deploy/releases/`, installed once with pip into an image folder beside it (so the
@@ -131,10 +132,12 @@ class SandboxHost(BaseModel):
     package_root: Path = Field(description="site-packages folder holding sglang/")
     bin_dir: Path = Field(description="machine tools (nvidia-smi); put it first on PATH")
     state_dir: Path = Field(description="state base for the inventory's state_dir")
+    home: Path = Field(description="the host's home directory")
 
     def env(self) -> dict[str, str]:
-        """This process's environment with the host's tools first on PATH (for local transports)."""
-        return {**os.environ, "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+        """This process's environment as seen on the host: its home, and its tools first on PATH."""
+        return {**os.environ, "HOME": str(self.home),
+                "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
 
     def digest(self) -> str:
         """A digest of every path's name, type, mode, size and mtime under the root: any write changes it."""
@@ -194,8 +197,9 @@ def build_host(root: Path, profile: str, *, name: str | None = None, sglang_vers
     if nvidia_smi:
         _write_executable(bin_dir / "nvidia-smi", nvidia_smi_script(spec))
     (root / "state").mkdir()
+    (root / "home").mkdir()
     return SandboxHost(name=name or profile, profile=profile, root=root, python=python, package_root=site,
-                       bin_dir=bin_dir, state_dir=root / "state")
+                       bin_dir=bin_dir, state_dir=root / "state", home=root / "home")
 
 
 def release_image(version: str = SGLANG_VERSION) -> Path:

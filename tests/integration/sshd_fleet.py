@@ -152,13 +152,15 @@ def free_port() -> int:
 def start_sshd(name: str, host: SandboxHost, folder: Path, client_key: Path) -> Sshd:
     """Start sshd for `host` in `folder` (a plain path: sshd_config cannot quote everything).
 
-    The host's tools reach the session's PATH through a symlink in `folder`, since the host tree's
-    own path may hold characters sshd_config cannot express.
+    The session gets the host's own HOME and its tools first on PATH, through symlinks in `folder`,
+    since the host tree's own path may hold characters sshd_config cannot express. (A separate HOME
+    is what a separate machine has; it also keeps this machine's ~/.bashrc out of every call.)
     """
     folder.mkdir(parents=True)
     host_key = make_key(folder / "ssh_host_ed25519_key", f"{name} host key")
     (folder / "authorized_keys").write_text(client_key.with_suffix(".pub").read_text())
     (folder / "bin").symlink_to(host.bin_dir)
+    (folder / "home").symlink_to(host.home)
     last_error = ""
     for _attempt in range(5):  # a free port can be taken between our probe and sshd's bind
         port = free_port()
@@ -191,7 +193,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
-SetEnv PATH={folder}/bin:/usr/local/bin:/usr/bin:/bin
+SetEnv PATH={folder}/bin:/usr/local/bin:/usr/bin:/bin HOME={folder}/home
 MaxStartups 64:30:128
 MaxSessions 64
 Subsystem sftp internal-sftp

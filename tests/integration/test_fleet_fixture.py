@@ -13,6 +13,8 @@ import pytest
 import sshd_fleet
 from sshd_fleet import Fleet, start_sshd
 
+from ddtree_deploy.inventory import load_inventory
+from ddtree_deploy.transport import transport_for
 from sandbox.hosts import PROFILES, SandboxHost, release_image
 
 
@@ -118,3 +120,18 @@ def test_fresh_fleet_is_its_own(fresh_fleet: Fleet, fleet: Fleet) -> None:
     assert {s.port for s in fresh_fleet.servers.values()}.isdisjoint(s.port for s in fleet.servers.values())
     assert fresh_fleet.servers["ct129"].public_key != fleet.servers["ct129"].public_key
     assert fresh_fleet.hosts["ct129"].root != fleet.hosts["ct129"].root
+
+
+def test_each_host_has_its_own_home_for_the_default_state_dir(fleet: Fleet, tmp_path: Path) -> None:
+    inventory = fleet.write_inventory(tmp_path / "inventory.yaml",
+                                      hosts={name: {"state_dir": "~/.local/state/ddtree-deploy"} for name in fleet.hosts})
+    inv = load_inventory(str(inventory))
+    for name, host in fleet.hosts.items():
+        transport = transport_for(inv.hosts[name], inv.ssh)
+        try:
+            state_dir = Path(transport.call("lock", {"owner": "home-test"}) and transport.call("state")["state_dir"])
+            transport.call("unlock", {"owner": "home-test"})
+        finally:
+            transport.close()
+        assert state_dir.parent == fleet.servers[name].folder / "home" / ".local/state/ddtree-deploy"
+        assert (host.home / ".local/state/ddtree-deploy" / state_dir.name).is_dir()
