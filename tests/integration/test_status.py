@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -175,3 +178,15 @@ def test_missing_python_is_a_row_naming_the_path(fleet: Fleet, tmp_path: Path, c
     assert out.rows()["ct129"]["error"] is None
     error = out.rows()["ct200"]["error"]
     assert str(missing) in error["message"]
+
+
+def test_status_as_a_separate_process_keeps_stderr_empty_with_json(inventory: Path) -> None:
+    """The console entry point (`ddtree-deploy` is `ddtree_deploy.cli:main`) in its own process, as a user runs it."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DDTREE_")}
+    out = subprocess.run([sys.executable, "-c", "from ddtree_deploy.cli import main; main()", "status", "--json",
+                          "--inventory", str(inventory)], capture_output=True, text=True, env=env, check=False,
+                         stdin=subprocess.DEVNULL, timeout=120)
+
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stderr == ""
+    assert [row["result"]["sglang"] for row in json.loads(out.stdout)["data"]["hosts"]] == ["0.5.17", "0.5.17"]
