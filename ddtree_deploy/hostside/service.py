@@ -32,15 +32,15 @@ LIVE_STATES = ("active", "activating", "reloading")
 
 # ---------------------------------------------------------------- /proc readers (Linux)
 
-def _stat(pid: int) -> Optional[Tuple[str, int, int]]:
-    """(state, pgrp, starttime) of a pid, or None if it is gone."""
+def _stat(pid: int) -> Optional[Tuple[str, int, int, int]]:
+    """(state, pgrp, session, starttime) of a pid, or None if it is gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             raw = f.read().decode(errors="replace")
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-    return fields[0], int(fields[2]), int(fields[19])
+    return fields[0], int(fields[2]), int(fields[3]), int(fields[19])
 
 
 def _pids() -> List[int]:
@@ -212,7 +212,7 @@ class _Process(_Backend):
         if not pgid or pgid <= 1 or pgid == os.getpgrp():
             return None
         leader = _stat(pgid)
-        if leader is not None and leader[2] != self.record.get("starttime"):
+        if leader is not None and leader[3] != self.record.get("starttime"):
             return None  # pid reused by an unrelated process
         return int(pgid)
 
@@ -261,7 +261,6 @@ class _Process(_Backend):
                 "log": self.log_path}
 
     def start(self, argv: List[str], env: Dict[str, str]) -> Dict[str, Any]:
-        self.ctx.ensure_state_dir()
         if self.running():
             raise HelperFailure("already_running", "server already runs as pid %s: %s"
                                 % (self.record.get("pid"), " ".join(self.record.get("argv") or [])),
@@ -281,7 +280,7 @@ class _Process(_Backend):
                 raise HelperFailure("spawn_failed", "cannot start %s: %s" % (argv[0], exc.strerror),
                                     "fix the service's command in the inventory", argv=argv)
         st = _stat(proc.pid)
-        self.record = {"pid": proc.pid, "pgid": proc.pid, "starttime": st[2] if st else None, "argv": argv,
+        self.record = {"pid": proc.pid, "pgid": proc.pid, "starttime": st[3] if st else None, "argv": argv,
                        "env": sorted(env), "cwd": cwd, "port": self.port, "started": time.time(), "log": self.log_path}
         write_json(self.ctx.path("server", RECORD), self.record)
         append_history(self.ctx, {"op": "service_start", "pid": proc.pid, "argv": argv})
@@ -347,11 +346,16 @@ class _Systemd(_Backend):
         return self._show().get("ActiveState") in LIVE_STATES
 
     def owns(self, pid: int) -> bool:
+        """In the unit's cgroup, or in its main process's session (systemd starts services with setsid)."""
         try:
             with open("/proc/%d/cgroup" % pid) as f:
-                return ("/" + self.unit) in f.read()
+                if ("/" + self.unit) in f.read():
+                    return True
         except OSError:
-            return False
+            pass
+        main_pid, st = self.describe()["pid"], _stat(pid)
+        main = _stat(main_pid) if main_pid else None
+        return st is not None and main is not None and st[2] == main[2]
 
     def read_log(self, offset: Any) -> Tuple[str, Any]:
         where = ["--since", str(offset)] if str(offset).startswith("@") else ["--after-cursor", str(offset)]
@@ -389,6 +393,7 @@ def _backend(ctx: Context, args: Dict[str, Any]) -> Any:
     spec = args.get("spec")
     if not isinstance(spec, dict) or "port" not in spec:
         raise HelperFailure("bad_request", "service ops need the service spec", "controller bug: pass args.spec")
+    ctx.ensure_state_dir()  # starts and stops go to the host's history, even on a host never pushed to
     return _Systemd(ctx, spec) if spec.get("kind") == "systemd" else _Process(ctx, spec)
 
 

@@ -6,7 +6,7 @@ import json
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,14 +72,21 @@ def test_follow_prints_new_lines_until_interrupted(svc_host: ServiceHost, tmp_pa
     follower = subprocess.Popen([sys.executable, "-c", code, "--host", "sbx", "-n", "1", "--follow",
                                  "--interval", "0.2", "--inventory", str(inv)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, follower.kill)  # a hung follower fails the test instead of hanging it
+    watchdog.start()
     try:
-        time.sleep(2.0)  # the follower has printed the last line and is polling
+        assert follower.stdout is not None
+        seen = [follower.stdout.readline()]  # printed once the last line was read: from here it polls
         for _ in range(3):
             assert service.status(transport).healthy  # each GET /health adds an access-log line
-        time.sleep(1.5)
+        while sum('"GET /health HTTP/1.1" 200' in line for line in seen) < 3 and seen[-1]:
+            seen.append(follower.stdout.readline())
     finally:
         follower.send_signal(signal.SIGINT)
-        out, err = follower.communicate(timeout=30)
+        rest, err = follower.communicate(timeout=30)
+        watchdog.cancel()
     assert follower.returncode == 0, err
-    assert "fired up" not in out  # only the last line, then what came after it
+    out = "".join(seen) + rest
+    assert '"GET /health_generate HTTP/1.1" 200' in seen[0]  # the last line: the readiness check's
+    assert "fired up" not in out  # nothing older, then exactly what came after it
     assert out.count('"GET /health HTTP/1.1" 200') == 3
