@@ -574,14 +574,16 @@ def _sha(data: bytes) -> str:
 
 
 class BaseCheck(BaseModel):
-    """One base release: were its patches applied and the result byte-compiled?"""
+    """One release: were the patches applied to it and the result byte-compiled?"""
 
-    base: str
+    base: str = Field(description="the pristine release the patches were applied to")
+    patches_from: str = Field(description="the patch set used (differs from base when rebasing)")
     ok: bool
     patched: list[str] = Field(default_factory=list)
     compiled: int = 0
     conflicts: list[Conflict] = Field(default_factory=list)
     compile_errors: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
 
 
 class OverlayCheck(BaseModel):
@@ -641,15 +643,22 @@ def _download(releases: Path, version: str) -> Path:
 
 
 def check_overlay(overlay: Overlay, bases: list[str] | None = None, cache: Path | None = None) -> OverlayCheck:
-    """Apply each patch set to its pristine release, report every conflict by file and hunk, byte-compile the result."""
+    """Apply each patch set to its pristine release, report every conflict by file and hunk, byte-compile the result.
+
+    A base the overlay does not support yet is a rebase check: the newest supported patch set is
+    applied to it, and differing pre-images are notes rather than conflicts.
+    """
     results = [_check_base(overlay, base, pristine_release(base, cache)) for base in
                (bases or overlay.manifest.target.bases)]
     return OverlayCheck(overlay=overlay.name, version=overlay.version, ok=all(r.ok for r in results), bases=results)
 
 
 def _check_base(overlay: Overlay, base: str, release: Path) -> BaseCheck:
-    pre_images = overlay.require_base(base)
+    supported = overlay.manifest.target.bases
+    patches_from = base if base in supported else max(supported, key=_semver_key)
+    pre_images = overlay.require_base(patches_from)
     conflicts: list[Conflict] = []
+    notes: list[str] = []
     result: dict[str, bytes] = {p: overlay.source_of(p, None).read_bytes() for p in overlay.manifest.files}
     for path, pre_image in sorted(pre_images.items()):
         source = release / path
@@ -658,15 +667,19 @@ def _check_base(overlay: Overlay, base: str, release: Path) -> BaseCheck:
             continue
         pristine = source.read_bytes()
         if _sha(pristine) != pre_image:
-            conflicts.append(Conflict(file=path, message=f"pre-image sha256 {pre_image[:12]}... recorded, "
-                                                          f"sglang {base} has {_sha(pristine)[:12]}..."))
-        patched, found = apply_patch(overlay.patch_file(base, path), path, pristine)
+            message = f"pre-image sha256 {pre_image[:12]}... recorded, sglang {base} has {_sha(pristine)[:12]}..."
+            if patches_from == base:
+                conflicts.append(Conflict(file=path, message=message))
+            else:
+                notes.append(f"{path}: {message} (expected when rebasing; record the new hash)")
+        patched, found = apply_patch(overlay.patch_file(patches_from, path), path, pristine)
         conflicts += found
         if patched is not None:
             result[path] = patched
     errors = _compile_all(result)
-    return BaseCheck(base=base, ok=not conflicts and not errors, patched=sorted(pre_images), conflicts=conflicts,
-                     compiled=sum(p.endswith(".py") for p in result) - len(errors), compile_errors=errors)
+    return BaseCheck(base=base, patches_from=patches_from, ok=not conflicts and not errors, patched=sorted(pre_images),
+                     conflicts=conflicts, compiled=sum(p.endswith(".py") for p in result) - len(errors),
+                     compile_errors=errors, notes=notes)
 
 
 def _compile_all(files: dict[str, bytes]) -> list[str]:

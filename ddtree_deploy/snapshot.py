@@ -103,9 +103,22 @@ def take_snapshot(t: Transport, reason: str, fingerprint: dict[str, Any] | None 
     return SnapshotTaken.model_validate(t.call("snapshot", {"reason": reason, "fingerprint": fingerprint}))
 
 
-def list_snapshots(t: Transport) -> list[SnapshotSummary]:
-    """The host's snapshots, oldest first."""
-    return [SnapshotSummary.model_validate(s) for s in t.call("snapshots").get("snapshots", [])]
+class HostSnapshots(BaseModel):
+    """One host's snapshots (oldest first) and what is deployed on it."""
+
+    host: str
+    deployed: str | None = Field(default=None, description="name@version of the deployed overlay")
+    rollback_target: str | None = Field(default=None, description="the snapshot `rollback` restores by default")
+    snapshots: list[SnapshotSummary] = Field(default_factory=list)
+
+
+def list_snapshots(t: Transport) -> HostSnapshots:
+    """The host's snapshots, oldest first, with the deployed overlay and the default rollback target."""
+    data = t.call("snapshots")
+    state = DeployedState.model_validate(data["state"]) if data.get("state") else None
+    return HostSnapshots(host=t.host.name, deployed=state.label if state else None,
+                         rollback_target=state.snapshot if state else None,
+                         snapshots=[SnapshotSummary.model_validate(s) for s in data.get("snapshots", [])])
 
 
 def deployed_state(t: Transport) -> DeployedState | None:

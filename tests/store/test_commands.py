@@ -1,0 +1,104 @@
+"""The store's commands end to end: `overlay list|check`, `snapshots`, `diff` (exit codes, JSON envelope, stderr)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from store_helpers import OVERLAYS, local_transport, tree_state
+from typer.testing import CliRunner
+
+from ddtree_deploy import snapshot
+from ddtree_deploy.commands import diff, overlay, snapshots
+from ddtree_deploy.errors import UsageError
+from ddtree_deploy.output import ExitCode, exit_code_for
+from ddtree_deploy.overlay import load_overlay
+
+SPEC_INFO = "sglang/srt/speculative/spec_info.py"
+
+
+def app() -> typer.Typer:
+    """The store's commands registered as cli.py registers them."""
+    root = typer.Typer()
+    root.command("snapshots")(snapshots.snapshots)
+    root.command("diff")(diff.diff)
+    root.add_typer(overlay.app, name="overlay")
+    return root
+
+
+def run(*args: str) -> tuple[int, dict[str, Any], str]:
+    result = CliRunner().invoke(app(), list(args), catch_exceptions=False)
+    return result.exit_code, json.loads(result.stdout), result.stderr
+
+
+@pytest.fixture
+def inventory(site: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "inventory.yaml"
+    host = {"transport": "local", "python": sys.executable, "package_root": str(site), "state_dir": str(tmp_path / "state")}
+    path.write_text(yaml.safe_dump({"hosts": {"sbx": host}}))
+    return path
+
+
+def test_overlay_list_json(tmp_path: Path) -> None:
+    code, out, err = run("overlay", "list", "--overlays", str(OVERLAYS), "--json")
+    assert (code, err) == (0, "")
+    assert [(o["name"], o["version"], o["bases"]) for o in out["data"]["overlays"]] == [
+        ("mini", "0.1.0", ["0.5.17"]), ("mini", "0.2.0", ["0.5.17"])]
+
+
+def test_overlay_check_reports_conflicts_and_bad_yaml_with_exit_codes(tmp_path: Path) -> None:
+    folder = tmp_path / "overlays"
+    shutil.copytree(OVERLAYS, folder)
+    code, out, _ = run("overlay", "check", "mini@0.1.0", "--overlays", str(folder), "--json")
+    assert code == 0 and out["data"]["ok"] and out["data"]["checks"][0]["bases"][0]["compiled"] == 3
+    diff_file = folder / f"mini/0.1.0/patches/0.5.17/{SPEC_INFO}.diff"
+    diff_file.write_text(diff_file.read_text().replace(" def is_dflash(self)", " def is_dflash_x(self)"))
+    code, out, err = run("overlay", "check", "--overlays", str(folder), "--json")  # every version
+    assert (code, err) == (ExitCode.FAILED, "")
+    checks = {c["version"]: c for c in out["data"]["checks"]}
+    assert checks["0.2.0"]["ok"] and not checks["0.1.0"]["ok"]
+    conflict = checks["0.1.0"]["bases"][0]["conflicts"][0]
+    assert (conflict["file"], conflict["hunk"]) == (SPEC_INFO, 1)
+    (folder / "mini/0.1.0/overlay.yaml").write_text("name: [mini\n")
+    code, out, err = run("overlay", "check", "mini@0.1.0", "--overlays", str(folder), "--json")
+    assert (code, err) == (ExitCode.BAD_INPUT, "") and out["error"]["code"] == "overlay_invalid"
+    assert "malformed YAML" in out["error"]["message"]
+
+
+def test_snapshots_and_diff_over_a_local_host(inventory: Path, site: Path, tmp_path: Path) -> None:
+    t = local_transport(site, tmp_path / "state")
+    code, out, _ = run("diff", "--inventory", str(inventory), "--json")
+    assert code == 0 and out["data"]["hosts"][0]["result"]["baseline"] is None
+    the_plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
+    taken = snapshot.take_snapshot(t, "pre-push")
+    snapshot.apply_plan(t, the_plan, taken.id)
+
+    code, out, err = run("snapshots", "--inventory", str(inventory), "--json")
+    row = out["data"]["hosts"][0]["result"]
+    assert (code, err) == (0, "") and row["deployed"] == "mini@0.1.0" and row["rollback_target"] == taken.id
+    assert [s["id"] for s in row["snapshots"]] == [taken.id]
+
+    code, out, _ = run("diff", "--inventory", str(inventory), "--json")
+    assert code == 0 and out["data"]["hosts"][0]["result"]["clean"]
+    with open(site / SPEC_INFO, "a") as f:
+        f.write("# hand edit\n")
+    code, out, err = run("diff", "--inventory", str(inventory), "--json")
+    result = out["data"]["hosts"][0]["result"]
+    assert (code, err) == (ExitCode.HOST_NEEDS_ATTENTION, "")
+    assert [(d["path"], d["kind"]) for d in result["files"]] == [(SPEC_INFO, "modified")]
+
+
+def test_unknown_snapshot_is_bad_input_and_changes_nothing(site: Path, tmp_path: Path) -> None:
+    t = local_transport(site, tmp_path / "state")
+    snapshot.take_snapshot(t, "r")
+    before = tree_state(site)
+    with pytest.raises(UsageError) as err:
+        snapshot.restore(t, "20990101T000000Z-00000000")
+    assert err.value.code == "unknown_snapshot" and exit_code_for(err.value) == ExitCode.BAD_INPUT
+    assert "known snapshots" in err.value.hint and tree_state(site) == before
