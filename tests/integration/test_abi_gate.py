@@ -46,7 +46,19 @@ def gate(fresh_fleet: Fleet, tmp_path: Path, overlays: Path, cli: Callable[..., 
     """`gate(*args)`: the CLI against a fresh ct129+ct200 fleet over ssh, each host's nvidia-smi stand-in on PATH."""
     extra = {name: {"env": {"PATH": f"{h.bin_dir}:/usr/bin:/bin"}} for name, h in fresh_fleet.hosts.items()}
     inventory = fresh_fleet.write_inventory(tmp_path / "inventory.yaml", hosts=extra)
-    return lambda *args: cli(*args, "--inventory", str(inventory), "--overlays", str(overlays), "--json")
+    def run(*args: str) -> CliOutcome:
+        with_overlays = ["--overlays", str(overlays)] if args[0] in ("push", "rollback") else []
+        return cli(*args, "--inventory", str(inventory), *with_overlays, "--json")
+
+    return run
+
+
+def reinstall_torch_as_cu128(site: Path) -> None:
+    """What `pip install torch==2.11.0+cu128` over a cu130 build leaves: new version.py and dist-info."""
+    version_py = site / "torch" / "version.py"
+    version_py.write_text(version_py.read_text().replace("13.0", "12.8").replace("+cu130", "+cu128"))
+    metadata = next(site.glob("torch-*.dist-info")) / "METADATA"
+    metadata.write_text(metadata.read_text().replace("+cu130", "+cu128"))
 
 
 def digests(fleet: Fleet) -> dict[str, str]:
@@ -107,14 +119,13 @@ def test_rollback_across_a_changed_fingerprint_needs_force(fresh_fleet: Fleet, g
     host = fresh_fleet.hosts["ct129"]
     pristine = tree_digest(host.package_root / "sglang")
     assert outcome(gate("push", "--host", "ct129", "--overlay", "mini@0.1.0"), "ct129")["outcome"] == "ok"
-    version_py = host.package_root / "torch" / "version.py"  # torch reinstalled as a cu128 build since the push
-    version_py.write_text(version_py.read_text().replace("13.0", "12.8").replace("+cu130", "+cu128"))
+    reinstall_torch_as_cu128(host.package_root)
     before = digests(fresh_fleet)
     refused = gate("rollback", "--host", "ct129")
     result = outcome(refused, "ct129")
     assert refused.exit_code == 1 and result["outcome"] == "refused", result
-    assert "torch" in result["reason"] and "12.8" in result["reason"] or "cu128" in result["reason"]
+    assert "cu128" in result["reason"] and "cu130" in result["reason"], result["reason"]
     assert digests(fresh_fleet) == before
     forced = gate("rollback", "--host", "ct129", "--force")
-    assert forced.exit_code == 0 and outcome(forced, "ct129")["outcome"] == "ok"
+    assert forced.exit_code == 0 and outcome(forced, "ct129")["outcome"] == "ok", forced.stdout
     assert tree_digest(host.package_root / "sglang") == pristine
