@@ -27,7 +27,7 @@ step() {
   echo "== $name"
   "$@" || failed+=("$name")
 }
-step "ruff check" python3 -m ruff check .
+step "ruff check" python3 -m ruff check --output-format=concise .
 step "mypy ddtree_deploy" python3 -m mypy ddtree_deploy
 step "pytest" python3 -m pytest -q --timeout=600 "$@"
 
