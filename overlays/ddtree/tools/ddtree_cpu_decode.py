@@ -1,0 +1,303 @@
+"""CPU reference decode loop for DDTree: a tiny transformers Qwen3 target, a drafter that emits
+``[L, V]`` logits, the whole tree verified in one forward pass, and the acceptance table.
+
+One round: draft from the committed context, build the tree (``build_ddtree_batch``), verify
+``[bonus] + nodes`` in one target forward (4-D tree mask, positions ``start + depth``), walk
+the target's greedy picks (``follow_verified_tree_batch``), keep the accepted KV entries and
+hidden features, repeat. At T = 0 the output must equal the target's own greedy decoding.
+
+Two model pairs, built in-process (nothing is downloaded):
+
+- ``random``: a random Qwen3 with a large-margin lm_head, and a drafter that hides the
+  target's greedy continuation in random logits (at rank 0, a low rank, or not at all).
+- ``copy``: the hand-set pair of ../../../shared/gpu/scripts/make_models.py, rebuilt here in
+  fp32. The target's layers are identities and its lm_head makes the greedy next token
+  ``f(t)``: ``t`` on the first and third quarters of the vocabulary, ``t xor 1`` on the second,
+  ``t - V/4`` on the fourth. The drafter proposes the (count-weighted) majority token of the
+  context at every depth, so repeated prompts are drafted right, and on alternating prompts
+  (second quarter) its top two tokens nearly tie: there a tree beats the chain.
+
+Run ``python overlays/ddtree/tools/ddtree_cpu_decode.py`` to print acceptance lengths per
+budget against a chain (budget = L, rank-0 children only).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+
+DDTREE_UTILS = (
+    Path(__file__).resolve().parents[1]
+    / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
+)
+BLOCK_SIZE = 8  # as make_models.py's drafter: L = 7 draft depths
+VOCAB = 512
+HIDDEN = 128
+# Target layer whose output feeds the drafter (make_models.py: layer 1 of the target).
+FEATURE_LAYER = 2
+
+# A drafter maps (committed tokens, ending with the bonus; target features of the tokens
+# before the bonus) to draft logits [L, V].
+Drafter = Callable[[List[int], torch.Tensor], torch.Tensor]
+# A pair is a target and a drafter factory taking (prompt, the target's greedy continuation).
+Pair = Tuple[Qwen3ForCausalLM, Callable[[List[int], List[int]], Drafter]]
+
+
+def load_ddtree_utils() -> ModuleType:
+    """Import the overlay's ddtree_utils.py by path (no sglang install needed)."""
+    name = "ddtree_utils_overlay"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, DDTREE_UTILS)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+# --------------------------------------------------------------------------- models
+def _config(num_layers: int) -> Qwen3Config:
+    config = Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = "eager"  # eager attention takes an additive 4-D mask
+    return config
+
+
+def _rms_norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def make_random_pair(seed: int = 0) -> Pair:
+    """Random target (large lm_head, so greedy picks are well separated) and a noisy drafter.
+
+    The drafter knows the target's greedy continuation and hides it in random logits: at
+    each depth the right token gets a boost that makes it rank 0, a low rank, or nothing, so
+    rounds accept chains, siblings and nothing, on a target whose attention matters.
+    """
+    torch.manual_seed(seed)
+    target = Qwen3ForCausalLM(_config(num_layers=2)).eval()
+    with torch.no_grad():
+        target.lm_head.weight.normal_(0.0, 1.0)
+
+    def drafter_for(prompt: List[int], continuation: List[int]) -> Drafter:
+        full = list(prompt) + list(continuation)
+
+        def draft(tokens: List[int], features: torch.Tensor) -> torch.Tensor:
+            g = torch.Generator().manual_seed(seed * 100003 + len(tokens))
+            logits = torch.randn(BLOCK_SIZE - 1, VOCAB, generator=g)
+            # Confident when right (rank 0, p ~ 0.9), else a low rank, else nothing.
+            pick = torch.multinomial(torch.tensor([0.6, 0.25, 0.15]), BLOCK_SIZE - 1, True, generator=g)
+            boost = torch.tensor([9.0, 3.0, 0.0])[pick]
+            for depth in range(BLOCK_SIZE - 1):
+                if len(tokens) + depth < len(full):
+                    logits[depth, full[len(tokens) + depth]] += float(boost[depth])
+            return logits
+
+        return draft
+
+    return target, drafter_for
+
+
+def make_copy_pair(seed: int = 2) -> Pair:
+    """The hand-set pair: identity target with greedy next token f(t), majority drafter."""
+    torch.manual_seed(seed)
+    target = Qwen3ForCausalLM(_config(num_layers=2)).eval()
+    q = VOCAB // 4
+    with torch.no_grad():
+        emb = torch.randn(VOCAB, HIDDEN)
+        target.model.embed_tokens.weight.copy_(emb)
+        for layer in target.model.layers:  # zero outputs: the residual keeps e_t
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        head = emb.clone()  # logit_j(t) = norm(e_t) . head_j, largest at j = f(t)
+        second = torch.arange(q, 2 * q)
+        head[second ^ 1] = emb[second]
+        head[2 * q : 3 * q] = emb[2 * q : 3 * q] + emb[3 * q :]
+        head[3 * q :] = 0.0
+        target.lm_head.weight.copy_(head)
+    half = HIDDEN // 2
+
+    def draft(tokens: List[int], features: torch.Tensor) -> torch.Tensor:
+        # Uniform attention over context + bonus, copying half of the normed features, then
+        # the target's norm and lm_head: the count-weighted majority token, at every depth.
+        rows = _rms_norm(torch.cat([features, emb[tokens[-1]][None]]))[:, :half]
+        h = torch.zeros(HIDDEN)
+        h[:half] = rows.mean(0)
+        return (_rms_norm(h) @ head.T).expand(BLOCK_SIZE - 1, VOCAB).clone()
+
+    return target, lambda prompt, continuation: draft
+
+
+# --------------------------------------------------------------------------- decoding
+@dataclass
+class Decoded:
+    """Tokens after the prompt and the acceptance length (1 + accepted nodes) of each round."""
+
+    tokens: List[int]
+    accept_lengths: List[int] = field(default_factory=list)
+
+    @property
+    def mean_accept_length(self) -> float:
+        return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
+
+
+def _forward(
+    target: Qwen3ForCausalLM,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    cache: DynamicCache,
+    mask: torch.Tensor | None = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    past = cache.get_seq_length()
+    with warnings.catch_warnings():  # past_key_values: renamed in transformers 5.x, kept for 4.56+
+        warnings.simplefilter("ignore", FutureWarning)
+        out = target(
+            input_ids=ids[None],
+            position_ids=positions[None],
+            attention_mask=mask,
+            past_key_values=cache,
+            cache_position=torch.arange(past, past + ids.shape[0]),
+            use_cache=True,
+            output_hidden_states=True,
+        )
+    return out.logits[0], out.hidden_states[FEATURE_LAYER][0]
+
+
+@torch.no_grad()
+def greedy_generate(target: Qwen3ForCausalLM, prompt: Sequence[int], max_new_tokens: int) -> List[int]:
+    """The target's own greedy tokens, one forward per token."""
+    cache = DynamicCache()
+    ids = torch.tensor(prompt)
+    logits, _ = _forward(target, ids, torch.arange(len(prompt)), cache)
+    tokens = [int(logits[-1].argmax())]
+    while len(tokens) < max_new_tokens:
+        position = torch.tensor([len(prompt) + len(tokens) - 1])
+        logits, _ = _forward(target, torch.tensor(tokens[-1:]), position, cache)
+        tokens.append(int(logits[-1].argmax()))
+    return tokens
+
+
+def _keep_accepted(cache: DynamicCache, start: int, accepted: torch.Tensor) -> None:
+    """Move the accepted nodes' KV entries right after the committed prefix, drop the rest."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            kv = getattr(layer, name)
+            setattr(layer, name, torch.cat([kv[:, :, :start], kv[:, :, start + accepted]], dim=2))
+
+
+@torch.no_grad()
+def ddtree_generate(
+    target: Qwen3ForCausalLM,
+    drafter: Drafter,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    budget: int,
+    chain: bool = False,
+) -> Decoded:
+    """Speculative decoding with DDTree (or, with ``chain``, the DFlash chain: top-1 per depth)."""
+    dd = load_ddtree_utils()
+    cache = DynamicCache()
+    logits, features = _forward(target, torch.tensor(prompt), torch.arange(len(prompt)), cache)
+    out = Decoded(tokens=[int(logits[-1].argmax())])
+    while len(out.tokens) < max_new_tokens:
+        start = cache.get_seq_length()  # the bonus token's position
+        bonus = out.tokens[-1]
+        draft_logits = drafter(list(prompt) + out.tokens, features)
+        if chain:
+            # Only each row's top token survives: the tree degenerates to the rank-0 chain.
+            top = draft_logits.argmax(-1, keepdim=True)
+            draft_logits = torch.full_like(draft_logits, -math.inf).scatter(
+                -1, top, draft_logits.gather(-1, top)
+            )
+        tree = dd.build_ddtree_batch(draft_logits[None], budget)
+        ids = torch.cat([torch.tensor([bonus]), tree.tokens[0]])
+        visible = dd.tree_attention_mask(tree, start)[:, None]  # [1, 1, n + 1, start + n + 1]
+        mask = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
+        logits, node_features = _forward(
+            target, ids, dd.tree_positions(tree, start)[0], cache, mask
+        )
+        picks = logits.argmax(-1)
+        accept_lengths, path = dd.follow_verified_tree_batch(tree, picks[None])
+        accepted = path[0, : int(accept_lengths[0])]
+        _keep_accepted(cache, start, accepted)
+        features = torch.cat([features, node_features[accepted]])
+        out.tokens += ids[accepted[1:]].tolist() + [int(picks[accepted[-1]])]
+        out.accept_lengths.append(int(accept_lengths[0]))
+    out.tokens = out.tokens[:max_new_tokens]
+    return out
+
+
+# --------------------------------------------------------------------------- the table
+PAIRS: Dict[str, Callable[[], Pair]] = {"random": make_random_pair, "copy": make_copy_pair}
+
+
+def prompts(pair: str) -> List[Tuple[str, List[int]]]:
+    """Named prompts; ``copy`` ones exercise each region of f (token 0 included)."""
+    q = VOCAB // 4
+    if pair == "copy":
+        return [
+            ("repeat-0", [0] * 6),
+            ("repeat", [37] * 6),
+            ("alternate", [q + 10, q + 11] * 3),
+            ("alternate-2", [q + 40, q + 41, q + 40, q + 41, q + 40]),
+            ("shift", [3 * q + 5] * 4),
+        ]
+    g = torch.Generator().manual_seed(7)
+    return [(f"random-{i}", torch.randint(0, VOCAB, (8,), generator=g).tolist()) for i in range(3)]
+
+
+def acceptance_table(
+    budgets: Sequence[int] = (1, 4, 16, 64), max_new_tokens: int = 32
+) -> List[Tuple[str, str, str, float, bool]]:
+    """(pair, prompt, method, mean acceptance length, lossless) for every combination."""
+    rows = []
+    for pair, make in PAIRS.items():
+        target, drafter_for = make()
+        for name, prompt in prompts(pair):
+            reference = greedy_generate(target, prompt, max_new_tokens)
+            drafter = drafter_for(prompt, reference)
+            runs = [(f"chain(L={BLOCK_SIZE - 1})", BLOCK_SIZE - 1, True)]
+            runs += [(f"B={b}", b, False) for b in budgets]
+            for method, budget, chain in runs:
+                got = ddtree_generate(target, drafter, prompt, max_new_tokens, budget, chain)
+                rows.append((pair, name, method, got.mean_accept_length, got.tokens == reference))
+    return rows
+
+
+def main() -> None:
+    torch.set_num_threads(1)  # tiny matrices: extra threads only contend
+    rows = acceptance_table()
+    methods = list(dict.fromkeys(r[2] for r in rows))
+    print(f"{'pair':7} {'prompt':12} " + " ".join(f"{m:>11}" for m in methods))
+    for key in dict.fromkeys((r[0], r[1]) for r in rows):
+        cells = [r for r in rows if (r[0], r[1]) == key]
+        print(
+            f"{key[0]:7} {key[1]:12} "
+            + " ".join(f"{r[3]:>10.2f}{'' if r[4] else '!'}" for r in cells)
+        )
+    print("acceptance length = 1 + accepted nodes per round; '!' marks a lossless failure")
+    if not all(r[4] for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
