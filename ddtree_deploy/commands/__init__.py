@@ -14,11 +14,15 @@ COMMANDS = [
     ("restart", "restart"),
     ("restart", "stop"),
     ("play", "play"),
+    ("diff", "diff"),
+    ("snapshots", "snapshots"),
     ("abi", "abi"),
     ("logs", "logs"),
     ("unlock", "unlock"),
 ]
-GROUPS: list[tuple[str, str]] = []
+GROUPS: list[tuple[str, str]] = [
+    ("overlay", "overlay"),
+]
 
 
 def register_all(app: typer.Typer) -> None:
