@@ -110,8 +110,13 @@ def http_request(transport: Transport, path: str, *, method: str = "GET", body: 
 
 
 def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int) -> list[int]:
-    """Greedy `/generate` of one prompt; raises `ProbeError` (with the answer) if no output ids come back."""
-    body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens}}
+    """Greedy `/generate` of one prompt; raises `ProbeError` (with the answer) if no output ids come back.
+
+    `ignore_eos` makes every answer `max_new_tokens` long, so an early end-of-sequence can never keep
+    the probe from reaching the speculative decode path.
+    """
+    body = {"text": prompt,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
     answer = http_request(transport, "/generate", method="POST", body=body)
     try:
         ids = json.loads(answer.body)["output_ids"]
