@@ -39,7 +39,7 @@ DIST_INFO = re.compile(r"^%s-[0-9][^-/]*\.dist-info$" % PACKAGE)
 DERIVED_DIRS = ("__pycache__",)
 TEMP_PREFIX = ".ddtree-tmp-"
 #: entries modified this close to a scan are re-hashed next time (git's "racily clean" rule)
-RACY_NS = 2 * 10 ** 9
+RACY_NS = 2 * 10**9
 CHUNK = 1 << 20
 
 Entry = Dict[str, Any]  # {"sha256", "mode", "size"} or {"link", "mode", "size", "sha256"}
@@ -65,26 +65,44 @@ def pause_point(point: str) -> None:
 def package_dirs(root: str) -> List[str]:
     """The top-level folders that make up the package: sglang/ and its dist-info."""
     names = [PACKAGE] if os.path.isdir(os.path.join(root, PACKAGE)) else []
-    return names + sorted(n for n in os.listdir(root) if DIST_INFO.match(n) and os.path.isdir(os.path.join(root, n)))
+    return names + sorted(
+        n for n in os.listdir(root) if DIST_INFO.match(n) and os.path.isdir(os.path.join(root, n))
+    )
 
 
 def checked_path(ctx: Context, rel: Any) -> str:
-    """The absolute path of package-relative `rel`, refused if it escapes the package (.., absolute, symlinks)."""
+    """Absolute path of package-relative `rel`; refused if it escapes the package (.., absolute, symlinks)."""
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\0" in rel:
-        raise HelperFailure("path_escapes", "path %r is not relative to the package root" % (rel,),
-                            "paths are relative to the folder holding sglang/", path=rel)
+        raise HelperFailure(
+            "path_escapes",
+            "path %r is not relative to the package root" % (rel,),
+            "paths are relative to the folder holding sglang/",
+            path=rel,
+        )
     parts = rel.split("/")
     if any(p in ("", ".", "..") for p in parts) or (parts[0] != PACKAGE and not DIST_INFO.match(parts[0])):
-        raise HelperFailure("path_escapes", "path %r is outside the %s package" % (rel, PACKAGE),
-                            "paths must stay under sglang/ or its dist-info", path=rel)
+        raise HelperFailure(
+            "path_escapes",
+            "path %r is outside the %s package" % (rel, PACKAGE),
+            "paths must stay under sglang/ or its dist-info",
+            path=rel,
+        )
     full = os.path.join(ctx.package_root, rel)
     root = os.path.realpath(ctx.package_root)
     if not os.path.realpath(os.path.dirname(full)).startswith(root + os.sep):
-        raise HelperFailure("path_escapes", "%s: a folder on the way is a symlink leading outside %s" % (rel, root),
-                            "remove the symlink on the host", path=rel)
+        raise HelperFailure(
+            "path_escapes",
+            "%s: a folder on the way is a symlink leading outside %s" % (rel, root),
+            "remove the symlink on the host",
+            path=rel,
+        )
     if os.path.islink(full) and not os.path.realpath(full).startswith(root + os.sep):
-        raise HelperFailure("path_escapes", "%s is a symlink to %s, outside the package root" % (rel, os.path.realpath(full)),
-                            "remove the symlink on the host", path=rel)
+        raise HelperFailure(
+            "path_escapes",
+            "%s is a symlink to %s, outside the package root" % (rel, os.path.realpath(full)),
+            "remove the symlink on the host",
+            path=rel,
+        )
     return full
 
 
@@ -105,12 +123,16 @@ def hash_file(path: str) -> str:
 
 def link_entry(path: str, st: os.stat_result) -> Entry:
     target = os.readlink(path)
-    return {"link": target, "sha256": hashlib.sha256(target.encode()).hexdigest(),
-            "mode": stat.S_IMODE(st.st_mode), "size": len(target)}
+    return {
+        "link": target,
+        "sha256": hashlib.sha256(target.encode()).hexdigest(),
+        "mode": stat.S_IMODE(st.st_mode),
+        "size": len(target),
+    }
 
 
 def walk_package(root: str) -> Iterator[Tuple[str, Optional[os.stat_result]]]:
-    """(relpath, lstat) of every file and symlink, and (relpath/, None) for every folder; __pycache__ skipped."""
+    """(relpath, lstat) of every file and symlink, (relpath/, None) of every folder; no __pycache__."""
     stack = [d for d in reversed(package_dirs(root))]
     while stack:
         rel = stack.pop()
@@ -153,7 +175,9 @@ class StatCache:
             atomic_write(self.path, json.dumps(body, separators=(",", ":")).encode())
 
 
-def scan(ctx: Context, cache: StatCache, rehash: Tuple[str, ...] = ()) -> Tuple[Dict[str, Entry], Dict[str, int]]:
+def scan(
+    ctx: Context, cache: StatCache, rehash: Tuple[str, ...] = ()
+) -> Tuple[Dict[str, Entry], Dict[str, int]]:
     """Every file of the package with its hash, mode and size, and every folder with its mode."""
     files: Dict[str, Entry] = {}
     dirs: Dict[str, int] = {}
@@ -164,8 +188,11 @@ def scan(ctx: Context, cache: StatCache, rehash: Tuple[str, ...] = ()) -> Tuple[
         elif stat.S_ISLNK(st.st_mode):
             files[rel] = link_entry(full, st)
         elif stat.S_ISREG(st.st_mode):
-            files[rel] = {"sha256": cache.sha(full, rel, st, force=rel in rehash),
-                          "mode": stat.S_IMODE(st.st_mode), "size": st.st_size}
+            files[rel] = {
+                "sha256": cache.sha(full, rel, st, force=rel in rehash),
+                "mode": stat.S_IMODE(st.st_mode),
+                "size": st.st_size,
+            }
     return files, dirs
 
 
@@ -216,7 +243,7 @@ def store_batch(ctx: Context, sources: List[Tuple[str, str]]) -> List[str]:
 
 
 def staged_copy(source: str, folder: str, sha: str, mode: int, durable: bool = True) -> str:
-    """A temp file in `folder` holding `source`'s bytes, fsynced, with `mode`; refused if the bytes do not hash to `sha`."""
+    """A temp file in `folder` with `source`'s bytes (fsynced), `mode`; refused unless they hash to `sha`."""
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
     try:
         h = hashlib.sha256()
@@ -228,8 +255,12 @@ def staged_copy(source: str, folder: str, sha: str, mode: int, durable: bool = T
             if durable:
                 os.fsync(out.fileno())
         if h.hexdigest() != sha:
-            raise HelperFailure("content_changed", "%s changed while it was read (or the store is corrupt)" % source,
-                                "retry; if it repeats, the object store is damaged", path=source)
+            raise HelperFailure(
+                "content_changed",
+                "%s changed while it was read (or the store is corrupt)" % source,
+                "retry; if it repeats, the object store is damaged",
+                path=source,
+            )
         os.chmod(tmp, mode)
         return tmp
     except BaseException:
@@ -263,17 +294,24 @@ def remove_quietly(path: str) -> None:
 
 def manifest_path(ctx: Context, snap_id: str) -> str:
     if not isinstance(snap_id, str) or not re.match(r"^[0-9A-Za-z-]+$", snap_id):
-        raise HelperFailure("unknown_snapshot", "snapshot id %r is not a valid id" % (snap_id,),
-                            "list them with `ddtree-deploy snapshots --host HOST`")
+        raise HelperFailure(
+            "unknown_snapshot",
+            "snapshot id %r is not a valid id" % (snap_id,),
+            "list them with `ddtree-deploy snapshots --host HOST`",
+        )
     return ctx.path("snapshots", snap_id + ".json")
 
 
 def load_manifest(ctx: Context, snap_id: str) -> Dict[str, Any]:
-    manifest = read_json(manifest_path(ctx, snap_id))
+    manifest: Optional[Dict[str, Any]] = read_json(manifest_path(ctx, snap_id))
     if manifest is None:
         known = [s["id"] for s in list_summaries(ctx)[-5:]]
-        raise HelperFailure("unknown_snapshot", "no snapshot %s on this host" % snap_id,
-                            "known snapshots (newest last): %s" % (", ".join(known) or "none"), known=known)
+        raise HelperFailure(
+            "unknown_snapshot",
+            "no snapshot %s on this host" % snap_id,
+            "known snapshots (newest last): %s" % (", ".join(known) or "none"),
+            known=known,
+        )
     return manifest
 
 
@@ -281,13 +319,21 @@ def refuse_if_busy(ctx: Context) -> None:
     """A change refuses while a journal is open (interrupted operation) or another owner holds the lock."""
     journal = read_json(ctx.path("journal.json"))
     if journal is not None:
-        raise HelperFailure("journal_open", "an interrupted %s (snapshot %s) left an open journal" % (
-            journal.get("op"), journal.get("snapshot")),
-            "run `ddtree-deploy rollback` to restore snapshot %s" % journal.get("snapshot"), journal=journal)
+        raise HelperFailure(
+            "journal_open",
+            "an interrupted %s (snapshot %s) left an open journal"
+            % (journal.get("op"), journal.get("snapshot")),
+            "run `ddtree-deploy rollback` to restore snapshot %s" % journal.get("snapshot"),
+            journal=journal,
+        )
     held = read_json(ctx.path("lock"))
     if held and held.get("owner") != ctx.owner and held.get("expires", 0) > time.time():
-        raise HelperFailure("locked", "host is locked by %s" % held.get("owner"),
-                            "wait for that operation to finish", holder=held)
+        raise HelperFailure(
+            "locked",
+            "host is locked by %s" % held.get("owner"),
+            "wait for that operation to finish",
+            holder=held,
+        )
 
 
 def os_failure(exc: OSError, what: str) -> HelperFailure:
@@ -298,8 +344,12 @@ def os_failure(exc: OSError, what: str) -> HelperFailure:
         code, hint = "read_only", "make the folder writable for the deploying user and retry"
     else:
         code, hint = "os_error", "check the host's file system"
-    return HelperFailure(code, "%s failed, nothing was changed: %s: %s" % (what, exc.filename or "", exc.strerror),
-                         hint, errno=exc.errno)
+    return HelperFailure(
+        code,
+        "%s failed, nothing was changed: %s: %s" % (what, exc.filename or "", exc.strerror),
+        hint,
+        errno=exc.errno,
+    )
 
 
 # ---------------------------------------------------------------- snapshot
@@ -321,12 +371,22 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     try:
         written = store_batch(ctx, sources)
         state = read_json(ctx.path("state.json"))
-        snap_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started)) + "-" + hashlib.sha256(
-            ("%r%d" % (sorted(files.items()), time.time_ns())).encode()).hexdigest()[:8]
-        manifest = {"id": snap_id, "time": started, "reason": str(args.get("reason") or ""),
-                    "fingerprint": args.get("fingerprint"), "package_root": ctx.package_root,
-                    "overlay": args.get("overlay") or overlay_label(state), "state": state,
-                    "dirs": dirs, "files": files}
+        snap_id = (
+            time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
+            + "-"
+            + hashlib.sha256(("%r%d" % (sorted(files.items()), time.time_ns())).encode()).hexdigest()[:8]
+        )
+        manifest = {
+            "id": snap_id,
+            "time": started,
+            "reason": str(args.get("reason") or ""),
+            "fingerprint": args.get("fingerprint"),
+            "package_root": ctx.package_root,
+            "overlay": args.get("overlay") or overlay_label(state),
+            "state": state,
+            "dirs": dirs,
+            "files": files,
+        }
         atomic_write(manifest_path(ctx, snap_id), json.dumps(manifest, separators=(",", ":")).encode())
     except BaseException as exc:
         forget_objects(written)  # the store stays exactly as it was
@@ -342,8 +402,14 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     previous = list_summaries(ctx)
     same = [s["id"] for s in previous[:-1] if s.get("digest") == summary["digest"]]
     append_history(ctx, {"op": "snapshot", "id": snap_id, "reason": manifest["reason"], "by": ctx.owner})
-    return dict(summary, new_objects=len(written), new_bytes=sum(os.path.getsize(p) for p in written), bytes=sum(e["size"] for e in files.values()),
-                same_as=same[-1] if same else None, seconds=round(time.time() - started, 3))
+    return dict(
+        summary,
+        new_objects=len(written),
+        new_bytes=sum(os.path.getsize(p) for p in written),
+        bytes=sum(e["size"] for e in files.values()),
+        same_as=same[-1] if same else None,
+        seconds=round(time.time() - started, 3),
+    )
 
 
 def forget_objects(paths: List[str]) -> None:
@@ -368,8 +434,15 @@ def overlay_label(state: Optional[Dict[str, Any]]) -> Optional[str]:
 def summarize(manifest: Dict[str, Any]) -> Dict[str, Any]:
     files = manifest["files"]
     digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-    return {"id": manifest["id"], "time": manifest["time"], "reason": manifest["reason"], "files": len(files),
-            "overlay": manifest.get("overlay"), "digest": digest, "fingerprint": manifest.get("fingerprint")}
+    return {
+        "id": manifest["id"],
+        "time": manifest["time"],
+        "reason": manifest["reason"],
+        "files": len(files),
+        "overlay": manifest.get("overlay"),
+        "digest": digest,
+        "fingerprint": manifest.get("fingerprint"),
+    }
 
 
 def index_append(ctx: Context, summary: Dict[str, Any]) -> None:
@@ -382,7 +455,7 @@ def index_append(ctx: Context, summary: Dict[str, Any]) -> None:
 
 
 def list_summaries(ctx: Context) -> List[Dict[str, Any]]:
-    """Every snapshot with a manifest, oldest first; a manifest missing from the index is summarized directly."""
+    """Every snapshot with a manifest, oldest first; one missing from the index is summarized directly."""
     folder = ctx.path("snapshots")
     if not os.path.isdir(folder):
         return []
@@ -414,7 +487,7 @@ def snapshots(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def read_files(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Hash, mode and size of `paths` (and base64 bytes of `want_content`), now and, with `snapshot`, as recorded there."""
+    """Hash, mode, size of `paths` (base64 bytes of `want_content`): now, and as `snapshot` recorded them."""
     want = set(args.get("want_content") or [])
     manifest = load_manifest(ctx, args["snapshot"]) if args.get("snapshot") else None
     out: Dict[str, Any] = {}
@@ -438,8 +511,12 @@ def describe(full: str, with_content: bool) -> Dict[str, Any]:
         return {"exists": True, "not_a_file": True, "mode": stat.S_IMODE(st.st_mode)}
     with open(full, "rb") as f:
         data = f.read()
-    info = {"exists": True, "sha256": hashlib.sha256(data).hexdigest(), "mode": stat.S_IMODE(st.st_mode),
-            "size": len(data)}
+    info = {
+        "exists": True,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "mode": stat.S_IMODE(st.st_mode),
+        "size": len(data),
+    }
     if with_content:
         info["content"] = base64.b64encode(data).decode()
     return info
@@ -470,15 +547,25 @@ def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     changes = list(args.get("changes") or [])
     new_state = dict(args.get("state") or {})
     if not new_state.get("snapshot") or not new_state.get("base_snapshot"):
-        raise HelperFailure("bad_plan", "apply needs state.snapshot and state.base_snapshot",
-                            "take a snapshot first; the controller passes its id")
+        raise HelperFailure(
+            "bad_plan",
+            "apply needs state.snapshot and state.base_snapshot",
+            "take a snapshot first; the controller passes its id",
+        )
     targets = [checked_path(ctx, c["path"]) for c in changes]
     check_preimages(ctx, changes, targets, new_state["snapshot"])
     payloads = decode_payloads(changes)
     new_dirs = missing_dirs(ctx, [t for c, t in zip(changes, targets) if c["action"] != "delete"])
-    journal = {"op": "apply", "snapshot": new_state["snapshot"], "started": time.time(), "by": ctx.owner,
-               "overlay": overlay_label(new_state), "paths": [c["path"] for c in changes],
-               "created": [c["path"] for c in changes if c["action"] == "create"], "dirs_created": new_dirs}
+    journal = {
+        "op": "apply",
+        "snapshot": new_state["snapshot"],
+        "started": time.time(),
+        "by": ctx.owner,
+        "overlay": overlay_label(new_state),
+        "paths": [c["path"] for c in changes],
+        "created": [c["path"] for c in changes if c["action"] == "create"],
+        "dirs_created": new_dirs,
+    }
     write_json(ctx.path("journal.json"), journal)
     pause_point("journal_written")
     temps = stage_apply(ctx, changes, targets, payloads, new_dirs)
@@ -487,33 +574,57 @@ def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     forget_bytecode(targets)
     write_json(ctx.path("state.json"), dict(new_state, applied=time.time()))
     pause_point("state_written")
-    append_history(ctx, {"op": "apply", "overlay": overlay_label(new_state), "snapshot": new_state["snapshot"],
-                         "changed": len(changes), "by": ctx.owner})
+    append_history(
+        ctx,
+        {
+            "op": "apply",
+            "overlay": overlay_label(new_state),
+            "snapshot": new_state["snapshot"],
+            "changed": len(changes),
+            "by": ctx.owner,
+        },
+    )
     os.unlink(ctx.path("journal.json"))
     fsync_dir(ctx.state_dir)
-    return {"changed": len(changes), "created": journal["created"],
-            "deleted": [c["path"] for c in changes if c["action"] == "delete"], "snapshot": new_state["snapshot"]}
+    return {
+        "changed": len(changes),
+        "created": journal["created"],
+        "deleted": [c["path"] for c in changes if c["action"] == "delete"],
+        "snapshot": new_state["snapshot"],
+    }
 
 
 def check_preimages(ctx: Context, changes: List[Dict[str, Any]], targets: List[str], snap_id: str) -> None:
-    """Every touched file must still be what the controller planned against, and what the snapshot recorded."""
+    """Every touched file must still be what the controller planned against and the snapshot recorded."""
     recorded = load_manifest(ctx, snap_id)["files"]
     changed, stale = [], []
     for change, full in zip(changes, targets):
         if os.path.islink(full):
-            raise HelperFailure("path_is_symlink", "%s is a symlink; refusing to write through it" % change["path"],
-                                "replace the symlink by the file it points to", path=change["path"])
+            raise HelperFailure(
+                "path_is_symlink",
+                "%s is a symlink; refusing to write through it" % change["path"],
+                "replace the symlink by the file it points to",
+                path=change["path"],
+            )
         now = hash_file(full) if os.path.exists(full) else None
         if now != change.get("expect"):
             changed.append(change["path"])
         elif (recorded.get(change["path"]) or {}).get("sha256") != now:
             stale.append(change["path"])
     if changed:
-        raise HelperFailure("preimage_changed", "files changed since the plan was made: %s" % ", ".join(changed),
-                            "run the push again (it re-reads the host)", paths=changed)
+        raise HelperFailure(
+            "preimage_changed",
+            "files changed since the plan was made: %s" % ", ".join(changed),
+            "run the push again (it re-reads the host)",
+            paths=changed,
+        )
     if stale:
-        raise HelperFailure("snapshot_stale", "snapshot %s does not record the files as they are now: %s" % (
-            snap_id, ", ".join(stale)), "take a new snapshot before applying", paths=stale)
+        raise HelperFailure(
+            "snapshot_stale",
+            "snapshot %s does not record the files as they are now: %s" % (snap_id, ", ".join(stale)),
+            "take a new snapshot before applying",
+            paths=stale,
+        )
 
 
 def decode_payloads(changes: List[Dict[str, Any]]) -> List[Optional[bytes]]:
@@ -524,8 +635,12 @@ def decode_payloads(changes: List[Dict[str, Any]]) -> List[Optional[bytes]]:
             continue
         data = base64.b64decode(change["content"])
         if hashlib.sha256(data).hexdigest() != change["sha256"]:
-            raise HelperFailure("bad_plan", "content for %s does not hash to its post-image" % change["path"],
-                                "the plan was damaged in transit; retry", path=change["path"])
+            raise HelperFailure(
+                "bad_plan",
+                "content for %s does not hash to its post-image" % change["path"],
+                "the plan was damaged in transit; retry",
+                path=change["path"],
+            )
         out.append(data)
     return out
 
@@ -541,8 +656,13 @@ def missing_dirs(ctx: Context, targets: List[str]) -> List[str]:
     return sorted(needed, key=len)
 
 
-def stage_apply(ctx: Context, changes: List[Dict[str, Any]], targets: List[str],
-                payloads: List[Optional[bytes]], new_dirs: List[str]) -> List[Optional[str]]:
+def stage_apply(
+    ctx: Context,
+    changes: List[Dict[str, Any]],
+    targets: List[str],
+    payloads: List[Optional[bytes]],
+    new_dirs: List[str],
+) -> List[Optional[str]]:
     """Temp files beside every target; on any failure remove them (and the journal) so nothing changed."""
     temps: List[Optional[str]] = []
     try:
@@ -553,7 +673,9 @@ def stage_apply(ctx: Context, changes: List[Dict[str, Any]], targets: List[str],
             if data is None:
                 temps.append(None)
                 continue
-            mode = change.get("mode") or (stat.S_IMODE(os.stat(full).st_mode) if os.path.exists(full) else 0o644)
+            mode = change.get("mode") or (
+                stat.S_IMODE(os.stat(full).st_mode) if os.path.exists(full) else 0o644
+            )
             temps.append(staged_bytes(data, os.path.dirname(full), mode))
             pause_point("file_staged:%d" % len(temps))
         ensure_preimage_objects(ctx, changes, targets)
@@ -593,7 +715,9 @@ def undo_staging(ctx: Context, temps: List[Optional[str]], new_dirs: List[str]) 
     remove_quietly(ctx.path("journal.json"))
 
 
-def commit(ctx: Context, changes: List[Dict[str, Any]], targets: List[str], temps: List[Optional[str]]) -> None:
+def commit(
+    ctx: Context, changes: List[Dict[str, Any]], targets: List[str], temps: List[Optional[str]]
+) -> None:
     """Rename every staged file into place (deletes unlink); the journal stays open if this stops half-way."""
     folders = set()
     for n, (change, full, tmp) in enumerate(zip(changes, targets, temps), start=1):
@@ -608,7 +732,7 @@ def commit(ctx: Context, changes: List[Dict[str, Any]], targets: List[str], temp
 
 
 def forget_bytecode(targets: List[str]) -> None:
-    """Drop cached bytecode of replaced modules: a same-size file rewritten within a second could reuse a stale .pyc."""
+    """Drop bytecode of replaced modules: a same-size rewrite within a second could reuse a stale .pyc."""
     for full in targets:
         if not full.endswith(".py"):
             continue
@@ -624,7 +748,7 @@ def forget_bytecode(targets: List[str]) -> None:
 
 
 def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Put the package back exactly as snapshot `snapshot` recorded it (default: the open journal's, else state's).
+    """Put the package back exactly as `snapshot` recorded it (default: the open journal's, else state's).
 
     Changed and missing files come back from the store, files the snapshot lacks are removed, modes
     are restored, and the result is re-hashed. An open journal is closed by this op only.
@@ -634,37 +758,78 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     state = read_json(ctx.path("state.json")) or {}
     target = args.get("snapshot") or (journal or {}).get("snapshot") or state.get("snapshot")
     if not target:
-        raise HelperFailure("no_snapshot", "nothing to restore: no snapshot given and none recorded on the host",
-                            "pass --to SNAPSHOT (see `ddtree-deploy snapshots`)")
+        raise HelperFailure(
+            "no_snapshot",
+            "nothing to restore: no snapshot given and none recorded on the host",
+            "pass --to SNAPSHOT (see `ddtree-deploy snapshots`)",
+        )
     manifest = load_manifest(ctx, target)
     cache = StatCache(ctx)
     current, dirs = scan(ctx, cache)
     todo = restore_plan(manifest, current, dirs)
     paths = sorted(set(todo["write"]) | set(todo["chmod"]) | set(todo["remove"]))
-    write_json(ctx.path("journal.json"), {"op": "restore", "snapshot": target, "started": time.time(),
-                                          "by": ctx.owner, "paths": paths, "interrupted": journal})
+    write_json(
+        ctx.path("journal.json"),
+        {
+            "op": "restore",
+            "snapshot": target,
+            "started": time.time(),
+            "by": ctx.owner,
+            "paths": paths,
+            "interrupted": journal,
+        },
+    )
     pause_point("restore_journal_written")
     temps = stage_restore(ctx, manifest, todo, journal)
     commit_restore(ctx, manifest, todo, temps)
     verify_restored(ctx, manifest, cache, tuple(todo["write"]))
     forget_bytecode([os.path.join(ctx.package_root, p) for p in paths])
-    recorded = manifest.get("state") or {"overlay": None, "version": None, "digest": None, "files": {},
-                                         "snapshot": target, "base_snapshot": target}
+    recorded = manifest.get("state") or {
+        "overlay": None,
+        "version": None,
+        "digest": None,
+        "files": {},
+        "snapshot": target,
+        "base_snapshot": target,
+    }
     write_json(ctx.path("state.json"), dict(recorded, restored_from=target, restored=time.time()))
-    append_history(ctx, {"op": "restore", "snapshot": target, "restored": len(todo["write"]),
-                         "removed": len(todo["remove"]), "closed_journal": journal is not None, "by": ctx.owner})
+    append_history(
+        ctx,
+        {
+            "op": "restore",
+            "snapshot": target,
+            "restored": len(todo["write"]),
+            "removed": len(todo["remove"]),
+            "closed_journal": journal is not None,
+            "by": ctx.owner,
+        },
+    )
     os.unlink(ctx.path("journal.json"))
     fsync_dir(ctx.state_dir)
-    return {"snapshot": target, "restored": todo["write"], "removed": todo["remove"], "modes": todo["chmod"],
-            "verified": len(manifest["files"]), "closed_journal": journal}
+    return {
+        "snapshot": target,
+        "restored": todo["write"],
+        "removed": todo["remove"],
+        "modes": todo["chmod"],
+        "verified": len(manifest["files"]),
+        "closed_journal": journal,
+    }
 
 
-def restore_plan(manifest: Dict[str, Any], current: Dict[str, Entry], dirs: Dict[str, int]) -> Dict[str, List[str]]:
+def restore_plan(
+    manifest: Dict[str, Any], current: Dict[str, Entry], dirs: Dict[str, int]
+) -> Dict[str, List[str]]:
     want: Dict[str, Entry] = manifest["files"]
-    write = [p for p, e in want.items() if p not in current or current[p]["sha256"] != e["sha256"]
-             or ("link" in current[p]) != ("link" in e)]
-    chmod = [p for p, e in want.items() if p in current and p not in write and "link" not in e
-             and current[p]["mode"] != e["mode"]]
+    write = [
+        p
+        for p, e in want.items()
+        if p not in current or current[p]["sha256"] != e["sha256"] or ("link" in current[p]) != ("link" in e)
+    ]
+    chmod = [
+        p
+        for p, e in want.items()
+        if p in current and p not in write and "link" not in e and current[p]["mode"] != e["mode"]
+    ]
     chmod += [d + "/" for d, mode in manifest["dirs"].items() if d in dirs and dirs[d] != mode]
     remove = sorted(p for p in current if p not in want)
     rmdir = sorted((d for d in dirs if d not in manifest["dirs"]), key=len, reverse=True)
@@ -672,15 +837,20 @@ def restore_plan(manifest: Dict[str, Any], current: Dict[str, Entry], dirs: Dict
     return {"write": sorted(write), "chmod": chmod, "remove": remove, "rmdir": rmdir, "mkdir": mkdir}
 
 
-def stage_restore(ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[str]],
-                  journal: Optional[Dict[str, Any]]) -> Dict[str, str]:
+def stage_restore(
+    ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[str]], journal: Optional[Dict[str, Any]]
+) -> Dict[str, str]:
     """Temp copies of every file to bring back, checked against their hashes; undone completely on failure."""
     temps: Dict[str, str] = {}
     made: List[str] = []
     write, mkdir = todo["write"], todo["mkdir"]
     try:
-        probe_writable([os.path.join(ctx.package_root, p.rstrip("/")) for p in todo["remove"] + todo["chmod"]
-                        + todo["rmdir"]])
+        probe_writable(
+            [
+                os.path.join(ctx.package_root, p.rstrip("/"))
+                for p in todo["remove"] + todo["chmod"] + todo["rmdir"]
+            ]
+        )
         for rel in mkdir:
             full = os.path.join(ctx.package_root, rel)
             os.mkdir(full)
@@ -692,7 +862,9 @@ def stage_restore(ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[s
             if "link" in entry:
                 temps[rel] = staged_link(entry["link"], folder)
             else:
-                temps[rel] = staged_copy(object_path(ctx, entry["sha256"]), folder, entry["sha256"], entry["mode"])
+                temps[rel] = staged_copy(
+                    object_path(ctx, entry["sha256"]), folder, entry["sha256"], entry["mode"]
+                )
     except BaseException as exc:
         for tmp in temps.values():
             remove_quietly(tmp)
@@ -714,7 +886,9 @@ def staged_link(target: str, folder: str) -> str:
     return tmp
 
 
-def commit_restore(ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[str]], temps: Dict[str, str]) -> None:
+def commit_restore(
+    ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[str]], temps: Dict[str, str]
+) -> None:
     root = ctx.package_root
     for n, rel in enumerate(todo["write"], start=1):
         os.replace(temps[rel], os.path.join(root, rel))
@@ -731,27 +905,42 @@ def commit_restore(ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[
             fsync_dir(folder)
 
 
-def verify_restored(ctx: Context, manifest: Dict[str, Any], cache: StatCache, rehash: Tuple[str, ...]) -> None:
-    """Re-hash what was written and compare the whole package to the snapshot; a mismatch keeps the journal open."""
+def verify_restored(
+    ctx: Context, manifest: Dict[str, Any], cache: StatCache, rehash: Tuple[str, ...]
+) -> None:
+    """Re-hash what was written, compare the whole package to the snapshot; a mismatch keeps the journal."""
     cache.started_ns = time.time_ns()
     files, dirs = scan(ctx, cache, rehash=rehash)
     cache.save(ctx)
     if files != manifest["files"] or dirs != manifest["dirs"]:
-        differ = sorted(p for p in set(files) | set(manifest["files"]) if files.get(p) != manifest["files"].get(p))
-        raise HelperFailure("restore_unverified", "after restore, %d files differ from snapshot %s: %s" % (
-            len(differ), manifest["id"], ", ".join(differ[:5])), "run rollback again; the journal stays open",
-            paths=differ[:50])
+        differ = sorted(
+            p for p in set(files) | set(manifest["files"]) if files.get(p) != manifest["files"].get(p)
+        )
+        raise HelperFailure(
+            "restore_unverified",
+            "after restore, %d files differ from snapshot %s: %s"
+            % (len(differ), manifest["id"], ", ".join(differ[:5])),
+            "run rollback again; the journal stays open",
+            paths=differ[:50],
+        )
 
 
 # ---------------------------------------------------------------- verify (drift)
 
 
 def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Installed files versus what state.json says should be there (base snapshot plus the overlay's post-images)."""
+    """Installed files versus what state.json says should be there (base snapshot + overlay post-images)."""
     state = read_json(ctx.path("state.json"))
     journal = read_json(ctx.path("journal.json"))
     if not state or not state.get("base_snapshot"):
-        return {"baseline": None, "overlay": None, "clean": True, "files": [], "checked": 0, "journal": journal}
+        return {
+            "baseline": None,
+            "overlay": None,
+            "clean": True,
+            "files": [],
+            "checked": 0,
+            "journal": journal,
+        }
     expected = dict(load_manifest(ctx, state["base_snapshot"])["files"])
     for rel, post in (state.get("files") or {}).items():
         if post is None:
@@ -762,14 +951,27 @@ def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     current, _ = scan(ctx, cache, rehash=tuple(expected) if args.get("deep") else ())
     if os.path.isdir(ctx.path("snapshots")):
         cache.save(ctx)
-    drift = [d for d in (compare(rel, expected.get(rel), current.get(rel)) for rel in sorted(set(expected) | set(current)))
-             if d]
-    return {"baseline": state["base_snapshot"], "overlay": overlay_label(state), "clean": not drift,
-            "files": drift, "checked": len(current), "journal": journal}
+    drift = [
+        d
+        for d in (
+            compare(rel, expected.get(rel), current.get(rel)) for rel in sorted(set(expected) | set(current))
+        )
+        if d
+    ]
+    return {
+        "baseline": state["base_snapshot"],
+        "overlay": overlay_label(state),
+        "clean": not drift,
+        "files": drift,
+        "checked": len(current),
+        "journal": journal,
+    }
 
 
 def compare(rel: str, want: Optional[Entry], have: Optional[Entry]) -> Optional[Dict[str, Any]]:
-    if want == have or (want and have and want["sha256"] == have["sha256"] and want.get("mode") in (None, have["mode"])):
+    if want == have or (
+        want and have and want["sha256"] == have["sha256"] and want.get("mode") in (None, have["mode"])
+    ):
         return None
     if want is None:
         kind = "added"
@@ -786,5 +988,11 @@ def brief(entry: Optional[Entry]) -> Optional[Dict[str, Any]]:
     return None if entry is None else {"sha256": entry["sha256"], "mode": entry.get("mode")}
 
 
-OPS = {"snapshot": snapshot, "snapshots": snapshots, "read_files": read_files, "apply": apply,
-       "restore": restore, "verify": verify}
+OPS = {
+    "snapshot": snapshot,
+    "snapshots": snapshots,
+    "read_files": read_files,
+    "apply": apply,
+    "restore": restore,
+    "verify": verify,
+}
