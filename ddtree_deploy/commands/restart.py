@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ddtree_deploy import playbook
 from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.fleet import FleetOptions
@@ -19,35 +21,30 @@ from ddtree_deploy.output import (
 from ddtree_deploy.steps import RunOptions
 
 
-def restart(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
-) -> None:
-    """Stop and start the selected hosts' servers (failing fast), then run the inventory's probes."""
-    with errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
-        report = run_playbook(inv, hosts, playbook.builtin("restart"), RunOptions(), None,
-                              FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
-    emit(report, as_json=as_json, human=render, code=exit_code(report))
+def _builtin_playbook_command(name: str, doc: str) -> Callable[..., None]:
+    """A command that plays the built-in playbook `name` on the selected hosts, with no options of its own."""
+
+    def command(
+        host: HostOption = None,
+        group: GroupOption = None,
+        all_hosts: AllOption = False,
+        inventory: InventoryOption = None,
+        accept_new_host_key: AcceptNewHostKeyOption = False,
+        as_json: JsonOption = False,
+    ) -> None:
+        with errors_rendered(as_json):
+            inv = load_inventory(inventory)
+            hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
+            report = run_playbook(inv, hosts, playbook.builtin(name), RunOptions(), None,
+                                  FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
+        emit(report, as_json=as_json, human=render, code=exit_code(report))
+
+    command.__doc__ = doc
+    command.__name__ = name
+    return command
 
 
-def stop(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
-) -> None:
-    """Stop the selected hosts' servers: SIGTERM to the whole process group, SIGKILL after the grace period."""
-    with errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
-        report = run_playbook(inv, hosts, playbook.builtin("stop"), RunOptions(), None,
-                              FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
-    emit(report, as_json=as_json, human=render, code=exit_code(report))
+restart = _builtin_playbook_command(
+    "restart", "Stop and start the selected hosts' servers (failing fast), then run the inventory's probes.")
+stop = _builtin_playbook_command(
+    "stop", "Stop the selected hosts' servers: SIGTERM to the whole process group, SIGKILL after the grace period.")
