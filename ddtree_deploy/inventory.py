@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy.errors import InventoryError, UsageError
 from ddtree_deploy.probes import ProbeSpec
+
+M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_INVENTORY = "inventory.yaml"
 INVENTORY_ENV = "DDTREE_INVENTORY"
@@ -162,7 +164,7 @@ def _merge_host(defaults: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]
     return {**defaults, **own}
 
 
-def _validated(model: type[Any], data: dict[str, Any], path: Path, where: str, host: str | None = None) -> Any:
+def _validated(model: type[M], data: dict[str, Any], path: Path, where: str, host: str | None = None) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from .common import Context, HelperFailure, append_history, read_json, write_json
 
@@ -79,7 +79,7 @@ def record_launch(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     return record
 
 
-def _tail_lines(path: str, count: int) -> list:
+def _tail_lines(path: str, count: int) -> List[Any]:
     try:
         with open(path, "rb") as f:
             lines = f.read().splitlines()[-count:] if count > 0 else []
