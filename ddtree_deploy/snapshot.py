@@ -25,6 +25,7 @@ class SnapshotSummary(BaseModel):
     files: int
     overlay: str | None = Field(default=None, description="name@version deployed when it was taken")
     digest: str = Field(default="", description="sha256 over the file list; equal digests mean equal packages")
+    fingerprint: dict[str, Any] | None = Field(default=None, exclude=True, description="host facts when taken")
 
 
 class SnapshotTaken(SnapshotSummary):

@@ -440,6 +440,7 @@ def summarize(manifest: Dict[str, Any]) -> Dict[str, Any]:
         "reason": manifest["reason"],
         "files": len(files),
         "overlay": manifest.get("overlay"),
+        "fingerprint": manifest.get("fingerprint"),  # what restore compares the host against
         "digest": digest,
         "fingerprint": manifest.get("fingerprint"),
     }

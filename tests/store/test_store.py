@@ -228,6 +228,7 @@ def test_snapshots_lists_id_time_reason_files_overlay(ctx: Context, mini: Callab
     _, first = push_in_process(ctx, mini("0.1.0"))
     second = store.snapshot(ctx, {"reason": "manual"})
     rows = store.snapshots(ctx, {})["snapshots"]
+    assert rows[0]["fingerprint"] is None and "fingerprint" in rows[0]
     assert [(r["id"], r["reason"], r["overlay"]) for r in rows] == [
         (first, "pre-push", None), (second["id"], "manual", "mini@0.1.0")]
     assert rows[0]["files"] + 1 == rows[1]["files"] and rows[0]["time"] <= rows[1]["time"]
