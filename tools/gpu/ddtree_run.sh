@@ -8,7 +8,9 @@
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$(pwd); G=$R/.gpu
+OUT=${OUT:-/tmp/out}; O=$OUT/w; mkdir -p "$O"; R=$(pwd); G=$R/.gpu
+pack() { (cd "$O" && tar -czf "$OUT/results.tar.gz" .); }   # after every stage: a timeout loses nothing
+trap pack EXIT
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
 BUDGET=${BUDGET:-570}
@@ -45,7 +47,7 @@ for c in "${CASES[@]}"; do
   PORT[$c]=$((30000 + i)); i=$((i + 1))
   site=/tmp/site; case $c in *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
-  PYTHONPATH=$site setsid python3 -m sglang.launch_server ${CASE[$c]} $COMMON --port ${PORT[$c]} > "$OUT/$c.log" 2>&1 &
+  PYTHONPATH=$site setsid python3 -m sglang.launch_server ${CASE[$c]} $COMMON --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
 up() { python3 -c "import sys,urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{sys.argv[1]}/health_generate\", timeout=5)" "$1" >/dev/null 2>&1; }
@@ -60,23 +62,21 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   [ $pending = 0 ] && break; sleep 3
 done
 for c in "${CASES[@]}"; do
-  case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$OUT/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
+  case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
   if [ "${READY[$c]:-}" = yes ]; then
-    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 tools/gpu/ddtree_client.py ${PORT[$c]} "$OUT/$c.json" || echo "[$(el)s] $c: client FAILED"
+    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 tools/gpu/ddtree_client.py ${PORT[$c]} "$O/$c.json" || echo "[$(el)s] $c: client FAILED"; pack
   else
-    echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$OUT/$c.log" | tail -n 25 | cut -c1-300
+    echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$O/$c.log" | tail -n 25 | cut -c1-300
   fi
 done
 for c in "${CASES[@]}"; do
   ref=plain; case $c in copy_*) ref=copy_plain;; esac
-  [ "$c" = "$ref" ] || [ ! -f "$OUT/$c.json" ] || [ ! -f "$OUT/$ref.json" ] && continue
-  PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$OUT/$ref.json" "$OUT/$c.json" "$ref vs $c" ${PORT[$ref]}
+  [ "$c" = "$ref" ] || [ ! -f "$O/$c.json" ] || [ ! -f "$O/$ref.json" ] && continue
+  PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
 done
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
-grep -h "ddtree_debug" "$OUT"/*.log | head -400 > "$OUT/ddtree_debug.txt"
+grep -h "ddtree_debug" "$O"/*.log | head -400 > "$O/ddtree_debug.txt"
 [ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" --exclude=./triton -C /tmp/jitcache . 2>/dev/null
 [ -d /tmp/jitcache/triton ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp/jitcache triton 2>/dev/null
-(cd "$OUT" && tar -czf results.tar.gz ./*.log ./ddtree_debug.txt 2>/dev/null && rm -f ./*.log ./ddtree_debug.txt)
-(cd "$OUT" && tar -czf json.tar.gz ./*.json 2>/dev/null && rm -f ./*.json)
 echo "[$(el)s] done; files: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/deploy_on_gpu.sh
+# "The tool deploys it for real": the real SGLang 0.5.17 (pristine, /tmp/site) serves the copy pair;
+# ddtree-deploy (this checkout, transport: local) restarts it as the pre-push server, pushes
+# ddtree 0.2.0 (snapshot, apply, restart with DDTREE, probes incl. lossless against the pre-push
+# answers), then pushes a deliberately broken 0.2.1 (its ddtree_spec.py raises at import, so the
+# server dies at start-up), which must fail fast and roll back to a healthy 0.2.0 server.
+# Carry: .gpu/site.tar.xz .gpu/scripts (and .gpu/jitcache.tar.gz, .gpu/triton_cache.tar.gz if any).
+# Everything lands in $OUT/deploy.tar.gz (transcript, JSON answers, inventory, server logs).
+set -u
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+OUT=${OUT:-/tmp/out}; W=$OUT/w; mkdir -p "$W"; R=$(pwd); G=$R/.gpu
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
+pack() { (cd "$W" && tar -czf "$OUT/deploy.tar.gz" .); }   # after every stage: a timeout loses nothing
+trap pack EXIT
+if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
+mkdir -p /tmp/jitcache
+[ -f "$G/jitcache.tar.gz" ] && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache
+[ -f "$G/triton_cache.tar.gz" ] && tar -xzf "$G/triton_cache.tar.gz" -C /tmp/jitcache
+[ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
+echo "[$(el)s] site and models ready"
+
+# Overlays the tool sees: the repo's ddtree (0.1.0, 0.2.0) plus a broken 0.2.1 made here.
+OV=/tmp/ovl; rm -rf "$OV"; mkdir -p "$OV"; cp -r overlays/ddtree "$OV/ddtree"
+B=$OV/ddtree/0.2.1; cp -r "$OV/ddtree/0.2.0" "$B"
+sed -i 's/^version: 0.2.0/version: 0.2.1/; s/^description: >-/description: >-\n  DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof./' "$B/overlay.yaml"
+printf 'raise RuntimeError("ddtree 0.2.1 is deliberately broken (rollback proof)")\n' >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
+
+PY=$(command -v python3)
+cat > "$W/inventory.yaml" <<YAML
+hosts:
+  h200:
+    transport: local
+    python: $PY
+    package_root: /tmp/site
+    state_dir: /tmp/ddtree-state
+    env: {PYTHONPATH: /tmp/site}
+    service:
+      kind: process
+      command: [$PY, -m, sglang.launch_server]
+      args: [--model-path, /tmp/models/target_copy, --speculative-draft-model-path, /tmp/models/dflash_copy,
+             --host, 127.0.0.1, --port, "30000", --attention-backend, triton, --sampling-backend, pytorch,
+             --mem-fraction-static, "0.05", --max-total-tokens, "32768", --context-length, "2048",
+             --cuda-graph-max-bs-decode, "4", --disable-prefill-cuda-graph, --random-seed, "0"]
+      env: {PYTHONPATH: /tmp/site, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1",
+            TVM_FFI_CACHE_DIR: /tmp/jitcache, TRITON_CACHE_DIR: /tmp/jitcache/triton, FLASHINFER_WORKSPACE_BASE: /tmp/fi}
+      port: 30000
+      ready_timeout_s: 300
+      stop_grace_s: 10
+    probes:
+      - {kind: http, path: /health, status: 200}
+YAML
+cp overlays/ddtree/0.2.0/overlay.yaml "$W/overlay-0.2.0.yaml"
+# The tool runs from this checkout with the image's python (rich, typer, yaml, requests are there;
+# pydantic comes from /tmp/site).
+tool() {  # name timeout args...
+  local name=$1 t=$2; shift 2
+  echo; echo "[$(el)s] \$ ddtree-deploy $*" | tee -a "$W/transcript.txt"
+  PYTHONPATH=$R:/tmp/site DDTREE_INVENTORY=$W/inventory.yaml DDTREE_OVERLAYS=$OV \
+    timeout "$t" python3 -m ddtree_deploy.cli "$@" 2>&1 | tee -a "$W/transcript.txt"
+  echo "[$(el)s] exit ${PIPESTATUS[0]}" | tee -a "$W/transcript.txt"; pack
+}
+tool status   60 status
+tool start   240 restart --host h200                     # the pre-push server: plain target, no DDTREE
+tool push    300 push --host h200 --overlay ddtree@0.2.0  # snapshot, apply, restart with DDTREE, probes
+tool status2  60 status
+timeout 30 python3 - <<'PY' 2>&1 | tee -a "$W/transcript.txt"   # one alternating prompt on the deployed server
+import json, time, urllib.request
+body = {"input_ids": [262, 263] * 4, "sampling_params": {"temperature": 0, "max_new_tokens": 256, "ignore_eos": True}}
+t = time.perf_counter()
+req = urllib.request.Request("http://127.0.0.1:30000/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+meta = json.load(urllib.request.urlopen(req, timeout=25))["meta_info"]
+print("deployed server, alternating prompt:", {k: meta.get(k) for k in ("completion_tokens", "spec_accept_length", "spec_verify_ct")},
+      f"{meta['completion_tokens'] / (time.perf_counter() - t):.0f} tok/s")
+PY
+tool broken  300 push --host h200 --overlay ddtree@0.2.1  # must fail fast and roll back
+tool status3  60 status
+tool json     60 status --json
+cp -r /tmp/ddtree-state "$W/state" 2>/dev/null
+[ -d /tmp/jitcache/triton ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp/jitcache triton
+echo "[$(el)s] done"
