@@ -27,15 +27,21 @@ def markers() -> Iterator[list[Path]]:
         path.unlink(missing_ok=True)
 
 
-def hostile_folder(base: Path, markers: list[Path]) -> Path:
+def hostile_folder(base: Path, markers: list[Path], style: str = "quotes") -> Path:
+    """A folder name a shell would act on. `quotes` also holds quotes (an unquoted shell fails to parse it);
+    `expansions` holds only spaces and substitutions, which an unquoted shell would run."""
     dollar, backtick, semi = markers
+    if style == "expansions":
+        return base / f"my env $(touch {dollar}) `touch {backtick}`"
     return base / f"it's a \"host\" $(touch {dollar}) `touch {backtick}`; touch {semi} #"
 
 
-@pytest.fixture
-def hostile_fleet(fleet_factory: Callable[..., Fleet], tmp_path: Path, markers: list[Path]) -> Fleet:
+@pytest.fixture(params=["quotes", "expansions"])
+def hostile_fleet(
+    request: pytest.FixtureRequest, fleet_factory: Callable[..., Fleet], tmp_path: Path, markers: list[Path]
+) -> Fleet:
     """ct129 whose whole tree (python, package root, state) lives under a hostile folder name."""
-    return fleet_factory(("ct129",), host_roots={"ct129": hostile_folder(tmp_path, markers) / "ct129"})
+    return fleet_factory(("ct129",), host_roots={"ct129": hostile_folder(tmp_path, markers, request.param) / "ct129"})
 
 
 def test_hostile_paths_over_ssh_work_and_run_nothing(
