@@ -58,7 +58,7 @@ def main() -> None:
     res["batch4"] = []
     for group in (TEXTS, IDS[:4], ALT + REP[:1], REP):
         xs, _ = post(url, {"text": group} if isinstance(group[0], str) else {"input_ids": group}, greedy)
-        res["batch4"] += [rec(p, x) for p, x in zip(group, xs)]
+        res["batch4"] += [rec(p, x) for p, x in zip(group, xs, strict=True)]
     speed = {"temperature": 0.0, "max_new_tokens": 256, "ignore_eos": True}
     for name, group in (("alternating", ALT), ("repeating", REP)):
         runs = [rec(p, *post(url, payload(p), speed)) for p in group]
@@ -74,7 +74,7 @@ def main() -> None:
     sampled = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 48, "ignore_eos": True}
     res["sampled"] = [rec(p, *post(url, payload(p), sampled)) for p in ALT[:2] + REP[:1]]
     xs, _ = post(url, {"input_ids": ALT + REP[:1]}, sampled)
-    res["sampled"] += [rec(p, x) for p, x in zip(ALT + REP[:1], xs)]
+    res["sampled"] += [rec(p, x) for p, x in zip(ALT + REP[:1], xs, strict=True)]
     json.dump(res, open(out, "w"), indent=1)
     for name in ("alternating", "repeating"):
         s = res[f"speed_{name}"]

@@ -29,10 +29,10 @@ def main() -> None:
     port = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     same = total = 0
     for mode in ("single", "batch4"):
-        for x, y in zip(ref[mode], case[mode]):
+        for x, y in zip(ref[mode], case[mode], strict=True):
             a, b = x["output_ids"] or [], y["output_ids"] or []
             total += 1
-            first = next((i for i, (p, q) in enumerate(zip(a, b)) if p != q), None)
+            first = next((i for i, (p, q) in enumerate(zip(a, b, strict=False)) if p != q), None)
             if a == b:
                 same += 1
             m = y["meta"]
