@@ -107,11 +107,19 @@ class Fleet:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
-    def write_ssh_config(self, path: Path, extra: dict[str, int] | None = None) -> Path:
-        """This fleet's ssh_config at `path`, plus aliases for 127.0.0.1 ports of `extra` (alias -> port)."""
+    def write_ssh_config(self, path: Path, extra: dict[str, int] | None = None,
+                         jumps: dict[str, tuple[str, str]] | None = None) -> Path:
+        """This fleet's ssh_config at `path`, plus more aliases.
+
+        Args:
+            extra: alias -> a 127.0.0.1 port (e.g. one where nothing listens).
+            jumps: alias -> (host reached, alias of the jump host): a `ProxyJump` entry.
+        """
         ports = {**{name: s.port for name, s in self.servers.items()}, **(extra or {})}
-        path.write_text("".join(ssh_config_entry(alias, port, self.client_key, self.known_hosts)
-                                for alias, port in ports.items()))
+        text = "".join(ssh_config_entry(alias, port, self.client_key, self.known_hosts) for alias, port in ports.items())
+        text += "".join(ssh_config_entry(alias, self.servers[target].port, self.client_key, self.known_hosts, via)
+                        for alias, (target, via) in (jumps or {}).items())
+        path.write_text(text)
         return path
 
     def stop(self) -> None:
@@ -216,7 +224,8 @@ def _wait_ready(server: Sshd) -> bool:
     return False
 
 
-def ssh_config_entry(alias: str, port: int, client_key: Path, known_hosts: Path) -> str:
+def ssh_config_entry(alias: str, port: int, client_key: Path, known_hosts: Path, jump: str | None = None) -> str:
+    proxy = f"  ProxyJump {jump}\n" if jump else ""
     return f"""\
 Host {alias}
   HostName 127.0.0.1
@@ -226,7 +235,7 @@ Host {alias}
   IdentitiesOnly yes
   UserKnownHostsFile {known_hosts}
   StrictHostKeyChecking yes
-
+{proxy}
 """
 
 

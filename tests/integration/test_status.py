@@ -102,6 +102,10 @@ def test_refused_port_is_a_row_with_the_error_not_a_crash(
     assert f"127.0.0.1:{closed_port}" in dead["error"]["message"]
     assert not (tmp_path / "dead").exists()
 
+    human = cli("status", "--host", "ctdead", inventory=inventory)
+    assert human.exit_code == 1
+    assert "ctdead" in human.stdout and "no" in human.stdout
+
 
 def test_second_locker_is_refused_with_the_holders_name_and_status_shows_it(
     fleet: Fleet, inventory: Path, cli: Cli
