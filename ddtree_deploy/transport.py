@@ -134,11 +134,11 @@ class SSHTransport(Transport):
 
         config = Config(runtime_ssh_path=self.ssh.config) if self.ssh.config else Config()
         conn = Connection(self.host.ssh_alias, config=config, connect_timeout=self.ssh.connect_timeout_s)
-        client = conn.client
         known_hosts = self.ssh.known_hosts or _default_known_hosts()
-        if os.path.exists(known_hosts):
-            client.load_host_keys(known_hosts)
-        client.set_missing_host_key_policy(_StrictPolicy(self.host.name, known_hosts, self.accept_new_host_key))
+        hop: object = conn
+        while isinstance(hop, Connection):  # the host, then every ProxyJump gateway: all checked strictly
+            self._strict(hop.client, known_hosts)
+            hop = hop.gateway
         where = f"{conn.user}@{conn.host}:{conn.port}"
         try:
             conn.open()
@@ -156,6 +156,12 @@ class SSHTransport(Transport):
             raise TransportError(f"cannot connect to {where}: {exc}", host=self.host.name,
                                  hint="check that the host is up and its ssh_config entry") from None
         return conn
+
+    def _strict(self, client: paramiko.SSHClient, known_hosts: str) -> None:
+        """Fabric installs AutoAddPolicy on every client it makes; replace it before anything connects."""
+        if os.path.exists(known_hosts):
+            client.load_host_keys(known_hosts)
+        client.set_missing_host_key_policy(_StrictPolicy(self.host.name, known_hosts, self.accept_new_host_key))
 
     def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
         transport = self._connection().client.get_transport()

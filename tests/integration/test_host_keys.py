@@ -93,8 +93,6 @@ def test_proxy_jump_reaches_the_host_behind_the_jump_host(fleet: Fleet, tmp_path
     assert "ProxyJump" in (tmp_path / "ssh_config").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="transport.py: Fabric opens the ProxyJump gateway with its own client and "
-                                       "AutoAddPolicy, so the jump host's key is never checked (reported to the lead)")
 def test_unknown_jump_host_key_is_refused(fleet: Fleet, tmp_path: Path, cli: Cli) -> None:
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(fleet.servers["ct200"].known_hosts_line())  # the jump host ct129 is unknown
