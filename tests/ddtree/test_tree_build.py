@@ -37,11 +37,11 @@ def test_heap_picks_the_top_budget_nodes_by_brute_force(dd: ModuleType, make_log
     for seed in range(12):
         length, vocab = 1 + seed % 3, 2 + seed % 4
         logits = make_logits(family, (length, vocab), seed)
-        log_probs = torch.log_softmax(logits.float(), -1).double()
+        rows = torch.log_softmax(logits.float(), -1).double().sort(-1, descending=True).values.tolist()
         every = {}  # rank path -> exact float64 path sum, every finite node of the full tree
         for depth in range(1, length + 1):
             for path in itertools.product(range(vocab), repeat=depth):
-                values = [torch.sort(log_probs[d], descending=True).values[r].item() for d, r in enumerate(path)]
+                values = [rows[d][r] for d, r in enumerate(path)]
                 if all(math.isfinite(v) for v in values):
                     every[path] = math.fsum(values)
         for budget in range(0, len(every) + 3):
@@ -56,7 +56,7 @@ def test_heap_picks_the_top_budget_nodes_by_brute_force(dd: ModuleType, make_log
             for path, score in every.items():
                 if path not in chosen:  # nothing left out beats the cut, ties only at the cut
                     assert score <= cut + 1e-9, (path, score, cut)
-            assert all(abs(every[p] - s) < 1e-9 for p, s in zip(chosen, tree.scores.tolist()))
+            assert all(abs(every[p] - s) < 1e-9 for p, s in zip(chosen, tree.scores.tolist(), strict=True))
 
 
 def test_heap_score_arithmetic_is_the_reference_fold(dd: ModuleType) -> None:
@@ -65,7 +65,7 @@ def test_heap_score_arithmetic_is_the_reference_fold(dd: ModuleType) -> None:
     tree = dd.build_ddtree_tree(logits, 60)
     top, _ = dd._ddtree_top_k(logits, 40)
     lp = top.double().tolist()
-    by_path = dict(zip(rank_paths(dd, logits, tree), tree.scores.tolist()))
+    by_path = dict(zip(rank_paths(dd, logits, tree), tree.scores.tolist(), strict=True))
     for path, score in by_path.items():
         depth, rank = len(path), path[-1]
         parent = 0.0 if depth == 1 else by_path[path[:-1]]
