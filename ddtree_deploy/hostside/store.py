@@ -336,6 +336,14 @@ def refuse_if_busy(ctx: Context) -> None:
         )
 
 
+def write_journal(ctx: Context, journal: Dict[str, Any], what: str) -> None:
+    """The first write of a transaction; if it fails (full state disk), nothing has changed yet."""
+    try:
+        write_json(ctx.path("journal.json"), journal)
+    except OSError as exc:
+        raise os_failure(exc, what) from None
+
+
 def os_failure(exc: OSError, what: str) -> HelperFailure:
     """A staging failure, said plainly: nothing on the host was changed."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -442,7 +450,6 @@ def summarize(manifest: Dict[str, Any]) -> Dict[str, Any]:
         "overlay": manifest.get("overlay"),
         "fingerprint": manifest.get("fingerprint"),  # what restore compares the host against
         "digest": digest,
-        "fingerprint": manifest.get("fingerprint"),
     }
 
 
@@ -567,7 +574,7 @@ def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         "created": [c["path"] for c in changes if c["action"] == "create"],
         "dirs_created": new_dirs,
     }
-    write_json(ctx.path("journal.json"), journal)
+    write_journal(ctx, journal, "apply")
     pause_point("journal_written")
     temps = stage_apply(ctx, changes, targets, payloads, new_dirs)
     pause_point("staged")
@@ -769,17 +776,8 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     current, dirs = scan(ctx, cache)
     todo = restore_plan(manifest, current, dirs)
     paths = sorted(set(todo["write"]) | set(todo["chmod"]) | set(todo["remove"]))
-    write_json(
-        ctx.path("journal.json"),
-        {
-            "op": "restore",
-            "snapshot": target,
-            "started": time.time(),
-            "by": ctx.owner,
-            "paths": paths,
-            "interrupted": journal,
-        },
-    )
+    opened = {"op": "restore", "snapshot": target, "started": time.time(), "by": ctx.owner, "paths": paths}
+    write_journal(ctx, dict(opened, interrupted=journal), "restore")
     pause_point("restore_journal_written")
     temps = stage_restore(ctx, manifest, todo, journal)
     commit_restore(ctx, manifest, todo, temps)

@@ -82,3 +82,17 @@ def test_a_read_only_package_folder_refuses_apply_and_restore_unchanged(
                 op(ctx, args)
             assert err.value.code == "read_only", op
             assert host_snapshot(site, Path(ctx.state_dir)) == before
+
+
+def test_apply_with_a_full_state_disk_changes_nothing(
+        site: Path, tmp_path: Path, mini: Callable[[str], Overlay]) -> None:
+    with tmpfs(tmp_path / "statedisk", "2m") as disk:
+        ctx = make_ctx(site, disk)
+        the_plan = plan_in_process(ctx, mini("0.1.0"))
+        snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
+        fill(disk, 0)
+        before = host_snapshot(site, disk)
+        with pytest.raises(HelperFailure) as err:
+            store.apply(ctx, the_plan.helper_args(snap))
+        assert err.value.code == "disk_full"
+        assert host_snapshot(site, disk) == before

@@ -226,9 +226,9 @@ def test_changes_refuse_while_a_journal_is_open(ctx: Context, site: Path, mini: 
 
 def test_snapshots_lists_id_time_reason_files_overlay(ctx: Context, mini: Callable[[str], Overlay]) -> None:
     _, first = push_in_process(ctx, mini("0.1.0"))
-    second = store.snapshot(ctx, {"reason": "manual"})
+    second = store.snapshot(ctx, {"reason": "manual", "fingerprint": {"torch_version": "2.11.0+cu128"}})
     rows = store.snapshots(ctx, {})["snapshots"]
-    assert rows[0]["fingerprint"] is None and "fingerprint" in rows[0]
+    assert rows[0]["fingerprint"] is None and rows[1]["fingerprint"] == {"torch_version": "2.11.0+cu128"}
     assert [(r["id"], r["reason"], r["overlay"]) for r in rows] == [
         (first, "pre-push", None), (second["id"], "manual", "mini@0.1.0")]
     assert rows[0]["files"] + 1 == rows[1]["files"] and rows[0]["time"] <= rows[1]["time"]
