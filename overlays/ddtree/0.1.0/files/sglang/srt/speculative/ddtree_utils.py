@@ -28,6 +28,7 @@ host synchronisation and with static shapes for a given budget (CUDA-graph frien
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -311,8 +312,10 @@ class _CandidateLayout:
     size: int
 
 
-def _ddtree_layout_sizes(width: int, k: int, budget: int) -> List[int]:
-    return [min(k, budget // (slot + 1)) for slot in range(width)]
+@functools.lru_cache(maxsize=256)
+def _ddtree_layout_size(width: int, k: int, budget: int) -> int:
+    """Number of candidates of a width-``width`` frontier (host arithmetic, no tensors)."""
+    return sum(min(k, budget // (slot + 1)) for slot in range(width))
 
 
 def _ddtree_candidate_layout(
@@ -321,7 +324,7 @@ def _ddtree_candidate_layout(
     # Built from device ops only (no host-to-device copy) so that it can be captured.
     slots = torch.arange(width, device=device)
     count = torch.clamp(budget // (slots + 1), max=k)
-    size = sum(_ddtree_layout_sizes(width, k, budget))
+    size = _ddtree_layout_size(width, k, budget)
     first = torch.cumsum(count, 0) - count
     parent_slot = torch.repeat_interleave(slots, count, output_size=size)
     rank = torch.arange(size, device=device) - first[parent_slot]
@@ -437,7 +440,7 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
 
     widths = [1]
     for _ in range(depth_limit):
-        widths.append(min(budget, sum(_ddtree_layout_sizes(widths[-1], k, budget))))
+        widths.append(min(budget, _ddtree_layout_size(widths[-1], k, budget)))
     total = sum(widths[1:])
     root_uid = total
 

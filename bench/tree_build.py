@@ -1,0 +1,176 @@
+"""Benchmark: DDTree batch tree builder (overlay ddtree_utils.build_ddtree_batch) against a plain
+best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8.
+
+The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
+log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the
+tree (tokens, parents, visibility) copied back to the device. The batched builder stays on the
+device; on CUDA it runs under ``torch.cuda.set_sync_debug_mode("error")`` (any host sync
+raises) and is also timed as a replayed CUDA graph.
+
+    python bench/tree_build.py                      # CPU
+    python bench/tree_build.py --device cuda        # GPU
+
+Prints times per call and the ratio heap / batch, all measured in this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import heapq
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+
+DDTREE_UTILS = (
+    Path(__file__).resolve().parents[1] / "overlays/ddtree/0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
+)
+
+
+def load_ddtree_utils() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ddtree_utils_overlay", DDTREE_UTILS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --------------------------------------------------------------------------- the heap baseline
+def heap_tree(log_probs: list[list[float]], token_ids: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
+    """Best-first expansion of one request: (node tokens, parents with parents[0] = -1)."""
+    depth_limit, k = len(log_probs), len(log_probs[0])
+    tokens: list[int] = []
+    parents = [-1]
+    heap = [(-log_probs[0][0], (0,), 0, 1, 0, log_probs[0][0])]
+    while heap and len(tokens) < budget:
+        _, ranks, parent, depth, rank, score = heapq.heappop(heap)
+        tokens.append(token_ids[depth - 1][rank])
+        parents.append(parent)
+        node = len(tokens)
+        row = log_probs[depth - 1]
+        if rank + 1 < k:
+            sibling = score - row[rank] + row[rank + 1]
+            heapq.heappush(heap, (-sibling, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sibling))
+        if depth < depth_limit:
+            child = score + log_probs[depth][0]
+            heapq.heappush(heap, (-child, ranks + (0,), node, depth + 1, 0, child))
+    return tokens, parents
+
+
+def heap_build(draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Trees of a batch built one request at a time on the host; results back on the device."""
+    bs, _, vocab = draft_logits.shape
+    log_probs = torch.log_softmax(draft_logits.float(), dim=-1)
+    top, ids = log_probs.topk(min(budget, vocab), dim=-1)
+    top_host, ids_host = top.double().cpu().tolist(), ids.cpu().tolist()
+    tokens = np.zeros((bs, budget), dtype=np.int64)
+    parents = np.zeros((bs, budget + 1), dtype=np.int64)
+    visibility = np.zeros((bs, budget + 1, budget + 1), dtype=np.bool_)
+    for b in range(bs):
+        node_tokens, node_parents = heap_tree(top_host[b], ids_host[b], budget)
+        tokens[b, : len(node_tokens)] = node_tokens
+        parents[b, : len(node_parents)] = node_parents
+        visibility[b, 0, 0] = True
+        for i in range(1, len(node_parents)):
+            visibility[b, i, :i] = visibility[b, node_parents[i], :i]
+            visibility[b, i, i] = True
+    device = draft_logits.device
+    return (
+        torch.from_numpy(tokens).to(device),
+        torch.from_numpy(parents).to(device),
+        torch.from_numpy(visibility).to(device),
+    )
+
+
+# --------------------------------------------------------------------------- timing
+def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds per call (after one warm-up call)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def graph_replay(dd: ModuleType, logits: torch.Tensor, budget: int) -> Callable[[], object] | None:
+    """A CUDA graph of the batched build on a static logits buffer (None if capture fails)."""
+    static = logits.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        dd.build_ddtree_batch(static, budget)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            dd.build_ddtree_batch(static, budget)
+    except RuntimeError as err:
+        print(f"  cuda graph capture failed at budget {budget}: {err}")
+        return None
+    return graph.replay
+
+
+def check_same(dd: ModuleType, logits: torch.Tensor, budget: int) -> None:
+    """Both builders give the same tree shape in the same node order. (Tokens can differ
+    between exactly tied log-probs: plain topk orders ties its own way.)"""
+    _, parents, visibility = heap_build(logits, budget)
+    batch = dd.build_ddtree_batch(logits, budget)
+    if not (torch.equal(parents, batch.parents) and torch.equal(visibility, batch.visibility)):
+        raise SystemExit(f"builders disagree at budget {budget}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--length", type=int, default=15)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    dd = load_ddtree_utils()
+    cuda = device.type == "cuda"
+    print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'})")
+    print(f"torch {torch.__version__}, L={args.length}, V={args.vocab}, bf16 logits, median of {args.repeats}")
+    header = f"{'bs':>3} {'budget':>6} {'heap ms':>9} {'batch ms':>9} {'heap/batch':>10}"
+    print(header + (f" {'graph ms':>9} {'heap/graph':>10}" if cuda else ""))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for bs in args.batch:
+        # Draft-like logits: a confident head at some depths, a long flat tail.
+        logits = torch.randn(bs, args.length, args.vocab, generator=g) * 2.0
+        logits[:, :, :8] += torch.rand(bs, args.length, 8, generator=g) * 12.0
+        logits = logits.to(torch.bfloat16).to(device)
+        for budget in args.budgets:
+            check_same(dd, logits, budget)
+            heap_s = timed(functools.partial(heap_build, logits, budget), device, args.repeats)
+            if cuda:
+                torch.cuda.set_sync_debug_mode("error")  # a host sync inside the build raises
+            batch_s = timed(functools.partial(dd.build_ddtree_batch, logits, budget), device, args.repeats)
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+            line = f"{bs:>3} {budget:>6} {heap_s * 1e3:>9.2f} {batch_s * 1e3:>9.2f} {heap_s / batch_s:>10.1f}"
+            if cuda:
+                replay = graph_replay(dd, logits, budget)
+                if replay is not None:
+                    graph_s = timed(replay, device, args.repeats)
+                    line += f" {graph_s * 1e3:>9.2f} {heap_s / graph_s:>10.1f}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
