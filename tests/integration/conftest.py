@@ -62,7 +62,7 @@ def fleet_factory(tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
 
 @pytest.fixture
 def fresh_fleet(fleet_factory: Callable[..., Fleet]) -> Fleet:
-    """New ct129 and ct200 trees and servers for this test alone (about 1.5 s a host): for tests that change files."""
+    """New ct129 and ct200 trees and servers for this test alone (1 to 5 s a host with load): for tests that change files."""
     return fleet_factory()
 
 
