@@ -6,7 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sshd_fleet import Fleet, make_key
 
 Cli = Callable[..., Any]
