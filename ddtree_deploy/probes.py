@@ -109,7 +109,14 @@ def http_request(transport: Transport, path: str, *, method: str = "GET", body: 
     return HttpAnswer.model_validate(transport.call("http", args))
 
 
-def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int) -> list[int]:
+class Generation(BaseModel):
+    """One greedy answer: the token ids, and SGLang's per-request `meta_info` (acceptance length etc.)."""
+
+    output_ids: list[int]
+    meta_info: dict[str, Any] = Field(default_factory=dict)
+
+
+def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int) -> Generation:
     """Greedy `/generate` of one prompt; raises `ProbeError` (with the answer) if no output ids come back.
 
     `ignore_eos` makes every answer `max_new_tokens` long, so an early end-of-sequence can never keep
@@ -119,14 +126,13 @@ def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int) -> l
             "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
     answer = http_request(transport, "/generate", method="POST", body=body)
     try:
-        ids = json.loads(answer.body)["output_ids"]
-    except (ValueError, KeyError, TypeError):
+        return Generation.model_validate_json(answer.body)
+    except ValueError:
         raise ProbeError(
             f"/generate answered {answer.status or answer.error}: {answer.body[:200]!r}", host=transport.host.name,
             code="generate_failed", hint="is the server up? see ddtree-deploy logs --host HOST",
             details={"status": answer.status, "error": answer.error},
         ) from None
-    return [int(i) for i in ids]
 
 
 def record_reference(transport: Transport, specs: Sequence[ProbeSpec]) -> Reference:
@@ -140,7 +146,7 @@ def record_reference(transport: Transport, specs: Sequence[ProbeSpec]) -> Refere
         if isinstance(spec, LosslessProbe):
             for prompt in spec.prompts:
                 if ref.lookup(prompt, spec.max_new_tokens) is None:
-                    ids = generate_greedy(transport, prompt, spec.max_new_tokens)
+                    ids = generate_greedy(transport, prompt, spec.max_new_tokens).output_ids
                     ref.outputs.append(ReferenceOutput(prompt=prompt, max_new_tokens=spec.max_new_tokens,
                                                        output_ids=ids))
     return ref
@@ -193,17 +199,21 @@ def _run_lossless(transport: Transport, spec: Any, reference: Reference | None) 
     if reference is None:
         return ProbeResult(kind="lossless", name=name, status="skipped",
                            message="no reference was recorded (the server was not up before the change)")
-    compared = 0
+    compared, accept = 0, []
     for prompt in spec.prompts:
         expected = reference.lookup(prompt, spec.max_new_tokens)
         if expected is None:
             continue
-        got = generate_greedy(transport, prompt, spec.max_new_tokens)
+        answer = generate_greedy(transport, prompt, spec.max_new_tokens)
+        got = answer.output_ids
         compared += 1
+        if "spec_accept_length" in answer.meta_info:  # per-request evidence; SGLang's gauge lags behind
+            accept.append(answer.meta_info["spec_accept_length"])
         if got != expected:
-            index = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+            index = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
+                         min(len(expected), len(got)))
             return ProbeResult(kind="lossless", name=name, status="fail", prompt=prompt, first_diff=index,
-                               expected=expected, got=got,
+                               expected=expected, got=got, details={"spec_accept_length": accept},
                                message=f"greedy output differs from the reference at token {index} of "
                                        f"{len(expected)} for prompt {prompt[:40]!r}: expected "
                                        f"{expected[index] if index < len(expected) else 'end'}, got "
@@ -211,8 +221,9 @@ def _run_lossless(transport: Transport, spec: Any, reference: Reference | None) 
     if not compared:
         return ProbeResult(kind="lossless", name=name, status="skipped",
                            message="the reference has none of these prompts")
-    return ProbeResult(kind="lossless", name=name, status="pass",
-                       message=f"{compared}/{len(spec.prompts)} prompts answer exactly as the reference")
+    mean = f"; mean acceptance length {sum(accept) / len(accept):.2f}" if accept else ""
+    return ProbeResult(kind="lossless", name=name, status="pass", details={"spec_accept_length": accept},
+                       message=f"{compared}/{len(spec.prompts)} prompts answer exactly as the reference{mean}")
 
 
 def _run_metrics(transport: Transport, spec: Any, reference: Reference | None) -> ProbeResult:

@@ -49,7 +49,7 @@ DEFAULTS: Dict[str, Any] = {
     "dtype": "auto", "tp_size": 1, "dp_size": 1, "random_seed": None, "mem_fraction_static": None,
     "max_total_tokens": None, "attention_backend": None, "sampling_backend": None, "enable_metrics": False,
     "speculative_algorithm": None, "speculative_draft_model_path": None, "speculative_num_steps": None,
-    "speculative_eagle_topk": None, "speculative_num_draft_tokens": None,
+    "speculative_eagle_topk": None, "speculative_num_draft_tokens": None, "decode_log_interval": 40,
 }
 
 
@@ -178,11 +178,17 @@ class Model:
         self.algorithm = args.get("speculative_algorithm")
         self.corrupt = bool(switch(args, "standin_corrupt_outputs", False))
         self.accept = float(switch(args, "standin_accept_length", SPEC_ACCEPT.get(str(self.algorithm).upper(), 2.0)))
+        self.log_interval = max(1, int(args["decode_log_interval"]))
         self.lock = threading.Lock()
         self.requests = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.last_accept = 0.0
+        # SGLang sets the spec_accept_length gauge only every decode_log_interval decode forwards, from
+        # the tokens and forwards counted since the last time (so a few short requests leave it at 0)
+        self.forwards = 0
+        self.window_tokens = 0
+        self.window_forwards = 0
 
     def generate(self, prompt: Any, params: Dict[str, Any]) -> Dict[str, Any]:
         started = time.monotonic()
@@ -195,16 +201,26 @@ class Model:
             "completion_tokens": count, "cached_tokens": 0,
             "finish_reason": {"type": "length", "length": count},
         }
+        forwards = count
         if self.algorithm and count:
-            verify = max(1, math.ceil(count / self.accept))
-            meta.update(spec_verify_ct=verify, spec_accept_length=count / verify)
+            forwards = max(1, math.ceil(count / self.accept))
+            meta.update(spec_verify_ct=forwards, spec_accept_length=count / forwards)
         meta["e2e_latency"] = time.monotonic() - started
         with self.lock:
             self.requests += 1
             self.prompt_tokens += meta["prompt_tokens"]
             self.generation_tokens += count
-            self.last_accept = meta.get("spec_accept_length", self.last_accept)
+            self._count_forwards(count, forwards)
         return {"text": " ".join("t%d" % i for i in ids), "output_ids": ids, "meta_info": meta}
+
+    def _count_forwards(self, tokens: int, forwards: int) -> None:
+        for _ in range(forwards):  # one decode forward at a time, as the scheduler counts them
+            self.forwards += 1
+            self.window_forwards += 1
+            self.window_tokens += tokens / forwards
+            if self.forwards % self.log_interval == 0:
+                self.last_accept = self.window_tokens / self.window_forwards if self.algorithm else 0.0
+                self.window_tokens, self.window_forwards = 0, 0
 
     def _ids(self, key: str, count: int) -> List[int]:
         ids, state = [], hashlib.sha256(key.encode()).digest()

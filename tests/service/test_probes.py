@@ -30,9 +30,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,"]
 LOSSLESS = LosslessProbe(kind="lossless", prompts=PROMPTS, max_new_tokens=32)
 
 
-def _up(host: ServiceHost, *extra: str) -> LocalTransport:
+def _up(host: ServiceHost, *extra: str, log_interval: int = 1) -> LocalTransport:
+    """A DDTREE stand-in; the acceptance gauge is refreshed every `log_interval` decode forwards."""
     transport = host.transport(host.spec())
-    report = service.restart(transport, [*DDTREE_ARGS, *extra])
+    report = service.restart(transport, [*DDTREE_ARGS, "--decode-log-interval", str(log_interval), *extra])
     assert report.ready, report.log_tail
     return transport
 
@@ -60,6 +61,19 @@ def test_all_probe_kinds_pass_on_a_healthy_ddtree_server(svc_host: ServiceHost) 
                                       "version": "0.5.17"}
     assert isinstance(got["metrics"].got, float) and got["metrics"].got >= 1.0
     assert "3/3 prompts" in got["lossless"].message
+    accept = got["lossless"].details["spec_accept_length"]
+    assert len(accept) == 3 and all(a > 1 for a in accept)
+
+
+def test_acceptance_gauge_lags_like_sglang_but_lossless_has_per_request_evidence(svc_host: ServiceHost) -> None:
+    # Measured on the real server (bench/service_real.py): with the default decode_log_interval of 40,
+    # three 32-token DDTREE answers leave sglang:spec_accept_length at 0.
+    transport = _up(svc_host, log_interval=40)
+    reference = record_reference(transport, [LOSSLESS])
+    lossless, gauge = run_probes(transport, [LOSSLESS, MetricsProbe(kind="metrics", name="sglang:spec_accept_length",
+                                                                     min=1.0)], reference)
+    assert lossless.status == "pass" and min(lossless.details["spec_accept_length"]) > 1
+    assert gauge.status == "fail" and gauge.got == 0.0
 
 
 def test_lossless_mismatch_names_prompt_and_first_differing_token(svc_host: ServiceHost) -> None:
@@ -93,7 +107,7 @@ def test_server_info_mismatch_and_absent_field_are_evidence(svc_host: ServiceHos
 
 def test_metrics_out_of_bounds_and_missing(svc_host: ServiceHost) -> None:
     transport = _up(svc_host)
-    generate_greedy(transport, "warm up", 32)  # the gauge reports the last request's acceptance length
+    assert generate_greedy(transport, "warm up", 32).meta_info["spec_accept_length"] > 1  # refreshes the gauge
     specs = [MetricsProbe(kind="metrics", name="sglang:spec_accept_length", max=1.0),
              MetricsProbe(kind="metrics", name="sglang:ddtree_nodes_per_step", min=1.0),
              MetricsProbe(kind="metrics", name="sglang:generation_tokens", min=32)]
