@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -61,7 +61,7 @@ class SystemdService(_Strict):
     fatal_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_FATAL_PATTERNS))
 
 
-ServiceSpec = Annotated[Union[ProcessService, SystemdService], Field(discriminator="kind")]
+ServiceSpec = Annotated[ProcessService | SystemdService, Field(discriminator="kind")]
 
 
 class HostSpec(_Strict):

@@ -16,14 +16,13 @@ import importlib
 import json
 import os
 import shlex
-import socket
 import subprocess
 import time
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from ddtree_deploy.errors import HelperError, HostKeyError, TransportError
 
@@ -98,7 +97,7 @@ class Transport(abc.ABC):
     def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
         """Run argv on the host with stdin; return exit code, stdout, stderr."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: only transports that hold a connection override it
         """Release the connection, if any."""
 
 
@@ -152,7 +151,7 @@ class SSHTransport(Transport):
             ) from None
         except HostKeyError:
             raise
-        except (OSError, socket.timeout, paramiko.SSHException) as exc:
+        except (TimeoutError, OSError, paramiko.SSHException) as exc:
             raise TransportError(f"cannot connect to {where}: {exc}", host=self.host.name,
                                  hint="check that the host is up and its ssh_config entry") from None
         return conn
@@ -161,7 +160,7 @@ class SSHTransport(Transport):
         """Fabric installs AutoAddPolicy on every client it makes; replace it before anything connects."""
         if os.path.exists(known_hosts):
             client.load_host_keys(known_hosts)
-        client.set_missing_host_key_policy(_StrictPolicy(self.host.name, known_hosts, self.accept_new_host_key))
+        client.set_missing_host_key_policy(_strict_policy(self.host.name, known_hosts, self.accept_new_host_key))
 
     def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
         transport = self._connection().client.get_transport()
@@ -201,22 +200,24 @@ def _drain(channel: paramiko.Channel) -> tuple[bytes, bytes]:
     return bytes(out), bytes(err)
 
 
-class _StrictPolicy:
-    """Refuse unknown host keys with their fingerprint; record one only when told to (never a changed one)."""
+def _strict_policy(host: str, known_hosts: str, accept_new: bool) -> paramiko.MissingHostKeyPolicy:
+    """Refuse unknown host keys with their fingerprint; record one only when told to (never a changed one:
+    paramiko raises `BadHostKeyException` for those before any policy is asked)."""
+    import paramiko
 
-    def __init__(self, host: str, known_hosts: str, accept_new: bool) -> None:
-        self.host, self.known_hosts, self.accept_new = host, known_hosts, accept_new
+    class StrictPolicy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+            if not accept_new:
+                raise HostKeyError(
+                    f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}",
+                    host=host,
+                    hint="verify the fingerprint out of band, then rerun with --accept-new-host-key to record it",
+                )
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            with open(known_hosts, "a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self.accept_new:
-            raise HostKeyError(
-                f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}",
-                host=self.host,
-                hint="verify the fingerprint out of band, then rerun with --accept-new-host-key to record it",
-            )
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        with open(self.known_hosts, "a") as f:
-            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+    return StrictPolicy()
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -248,7 +249,7 @@ def hostside_modules() -> dict[str, str]:
     }
 
 
-@lru_cache(maxsize=None)
+@cache
 def modules_for(op: str) -> dict[str, str]:
     """Only the modules an op needs (its owner, `main`, and what they import): less to send and compile."""
     sources = hostside_modules()

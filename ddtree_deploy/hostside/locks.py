@@ -27,7 +27,7 @@ def lock(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
             raise HelperFailure(
                 "locked", "host is locked by %s since %s" % (held.get("owner"), _iso(held.get("started"))),
                 "wait for that operation to finish, or `ddtree-deploy unlock --force` if it is dead",
-                holder=held)
+                holder=held) from None
         write_json(path, record)  # ours already, expired, or its controller is known dead: take it over
         if held.get("owner") != owner:
             append_history(ctx, {"op": "lock", "took_over": held, "by": owner})
