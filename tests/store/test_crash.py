@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,33 +20,40 @@ from ddtree_deploy.errors import HelperError
 from ddtree_deploy.overlay import Plan, load_overlay
 from ddtree_deploy.transport import LocalTransport
 
-CONTROLLER = Path(__file__).with_name("crash_controller.py")
 # mini@0.1.0 writes 3 files: server_args.py, spec_info.py (patched), mini_utils.py (created)
 APPLY_POINTS = ["journal_written", "file_staged:1", "file_written:1", "file_written:3", "state_written"]
 
 
-def controller_env(**extra: str) -> dict[str, str]:
-    repo = str(Path(__file__).resolve().parents[2])
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(CONTROLLER.parent), repo]), **extra)
+def push(t: LocalTransport) -> None:
+    """The controller's side of a push (files only): plan, snapshot, journaled apply."""
+    plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17", deployed=snapshot.deployed_state(t))
+    snapshot.apply_plan(t, plan, snapshot.take_snapshot(t, "pre-push").id)
 
 
-def run_and_kill(argv: list[str], point: str, tmp_path: Path) -> None:
-    """Start the controller with the helper pausing at `point`; SIGKILL the whole process group there."""
+def run_and_kill(work: Callable[[], object], point: str, tmp_path: Path) -> None:
+    """Run `work` as a forked controller in its own session, its helper pausing at `point`; SIGKILL the session there."""
     signal_file = tmp_path / f"paused-{point.replace(':', '-')}"
-    env = controller_env(DDTREE_TEST_PAUSE_AT=point, DDTREE_TEST_PAUSE_SIGNAL=str(signal_file),
-                         DDTREE_TEST_PAUSE_S="120")
-    proc = subprocess.Popen([sys.executable, str(CONTROLLER), *argv], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pid = os.fork()
+    if pid == 0:  # the controller: its helper subprocess inherits the pause settings
+        status = 1
+        try:
+            os.setsid()
+            os.environ.update(DDTREE_TEST_PAUSE_AT=point, DDTREE_TEST_PAUSE_SIGNAL=str(signal_file),
+                              DDTREE_TEST_PAUSE_S="120")
+            work()
+            status = 0
+        finally:
+            os._exit(status)
     deadline = time.monotonic() + 60
     while not signal_file.exists():
-        if proc.poll() is not None:
-            _, err = proc.communicate()
-            pytest.fail(f"controller ended before pausing at {point}: {err.decode()[-2000:]}")
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            pytest.fail(f"controller ended (status {status}) before its helper paused at {point}")
         assert time.monotonic() < deadline, f"helper never reached {point}"
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    os.killpg(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
 def assert_refused_until_rollback(t: LocalTransport, site: Path, before: dict[str, object], plan: Plan) -> None:
@@ -73,7 +79,7 @@ def test_push_killed_at_any_point_leaves_a_journal_and_rollback_restores_bit_exa
     t = local_transport(site, state)
     before = tree_state(site)
     plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
-    run_and_kill(["push", str(site), str(state), "mini@0.1.0"], point, tmp_path)
+    run_and_kill(lambda: push(t), point, tmp_path)
     assert_refused_until_rollback(t, site, before, plan)
 
 
@@ -83,8 +89,7 @@ def test_rollback_killed_half_way_is_finished_by_the_next_rollback(point: str, s
     t = local_transport(site, state)
     before = tree_state(site)
     plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
-    subprocess.run([sys.executable, str(CONTROLLER), "push", str(site), str(state), "mini@0.1.0"], check=True,
-                   env=controller_env())
+    push(t)
     assert tree_state(site) != before
-    run_and_kill(["rollback", str(site), str(state)], point, tmp_path)
+    run_and_kill(lambda: snapshot.restore(t), point, tmp_path)
     assert_refused_until_rollback(t, site, before, plan)

@@ -177,3 +177,19 @@ def test_overlay_list_shows_versions_bases_and_broken_ones(overlays: Path) -> No
 def test_errors_are_deploy_errors_with_a_code_and_hint(overlays: Path) -> None:
     err = refused(overlays, "absent")
     assert isinstance(err, DeployError) and err.code == "unknown_overlay" and err.hint
+
+
+def test_rebase_check_applies_the_newest_patch_set_to_an_unsupported_release(pristine: Path, tmp_path: Path) -> None:
+    release = tmp_path / "cache/releases/sglang-0.5.99"  # a cached "next release": one file moved on upstream
+    for rel in (SERVER_ARGS, SPEC_INFO):
+        (release / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(pristine / rel, release / rel)
+    (release / SERVER_ARGS).write_text("# new upstream header\n" + (release / SERVER_ARGS).read_text())
+    overlay = load_overlay("mini@0.1.0", OVERLAYS)
+    report = check_overlay(overlay, ["0.5.99"], cache=tmp_path / "cache")
+    result = report.bases[0]
+    assert report.ok and (result.base, result.patches_from) == ("0.5.99", "0.5.17")
+    assert [n.split(":")[0] for n in result.notes] == [SERVER_ARGS]
+    (release / SPEC_INFO).write_text((release / SPEC_INFO).read_text().replace("def is_dflash(", "def is_dflash2("))
+    broken = check_overlay(overlay, ["0.5.99"], cache=tmp_path / "cache").bases[0]
+    assert not broken.ok and [(c.file, c.hunk) for c in broken.conflicts] == [(SPEC_INFO, 1)]
