@@ -218,8 +218,8 @@ def store_object(ctx: Context, source: str, sha: str, durable: bool = True) -> O
 def store_batch(ctx: Context, sources: List[Tuple[str, str]]) -> List[str]:
     """Store many files with one sync instead of one fsync each (thousands on a first snapshot).
 
-    Every temp is written, then one os.sync() makes them durable, then each is renamed into place
-    and a second sync makes the renames durable. On failure the temps and new objects are removed.
+    Every temp is written, then one sync of the state file system makes them durable, then each is
+    renamed into place and a second sync makes the renames durable. On failure the temps and new objects are removed.
     """
     staged: List[Tuple[str, str]] = []
     done: List[str] = []
@@ -229,17 +229,34 @@ def store_batch(ctx: Context, sources: List[Tuple[str, str]]) -> List[str]:
             tmp = store_object(ctx, source, sha, durable=False)
             if tmp:
                 staged.append((tmp, object_path(ctx, sha)))
-        os.sync()
+        sync_filesystem(ctx.state_dir)
         for tmp, dest in staged:
             os.replace(tmp, dest)
             done.append(dest)
-        os.sync()
+        sync_filesystem(ctx.state_dir)
     except BaseException:
         forget_objects([tmp for tmp, _ in staged] + done)
         for sha in unique:  # a folder made for a temp that failed half-way (a non-empty one stays)
             rmdir_quietly(os.path.dirname(object_path(ctx, sha)))
         raise
     return done
+
+
+def sync_filesystem(folder: str) -> None:
+    """syncfs(2) on the file system holding `folder` (only it, not every disk); os.sync() where unavailable."""
+    try:
+        import ctypes  # imported here: only a snapshot with many new objects needs it
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            if libc.syncfs(fd) == 0:
+                return
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    os.sync()
 
 
 def staged_copy(source: str, folder: str, sha: str, mode: int, durable: bool = True) -> str:
@@ -554,12 +571,7 @@ def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     refuse_if_busy(ctx)
     changes = list(args.get("changes") or [])
     new_state = dict(args.get("state") or {})
-    if not new_state.get("snapshot") or not new_state.get("base_snapshot"):
-        raise HelperFailure(
-            "bad_plan",
-            "apply needs state.snapshot and state.base_snapshot",
-            "take a snapshot first; the controller passes its id",
-        )
+    check_plan(ctx, changes, new_state)
     targets = [checked_path(ctx, c["path"]) for c in changes]
     check_preimages(ctx, changes, targets, new_state["snapshot"])
     payloads = decode_payloads(changes)
@@ -600,6 +612,22 @@ def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         "deleted": [c["path"] for c in changes if c["action"] == "delete"],
         "snapshot": new_state["snapshot"],
     }
+
+
+def check_plan(ctx: Context, changes: List[Dict[str, Any]], new_state: Dict[str, Any]) -> None:
+    """The request itself: a snapshot to sit on, each path once, known actions, paths inside the package."""
+    paths = [c.get("path") for c in changes]
+    problem = None
+    if not new_state.get("snapshot") or not new_state.get("base_snapshot"):
+        problem = "apply needs state.snapshot and state.base_snapshot"
+    elif len(set(paths)) != len(paths):
+        problem = "a path appears twice in the plan"
+    elif any(c.get("action") not in ("write", "create", "delete") for c in changes):
+        problem = "unknown action in the plan"
+    if problem:
+        raise HelperFailure("bad_plan", problem, "controller and helper disagree; reinstall ddtree-deploy")
+    for rel in list(paths) + list(new_state.get("files") or {}):
+        checked_path(ctx, rel)
 
 
 def check_preimages(ctx: Context, changes: List[Dict[str, Any]], targets: List[str], snap_id: str) -> None:

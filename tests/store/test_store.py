@@ -234,3 +234,33 @@ def test_snapshots_lists_id_time_reason_files_overlay(ctx: Context, mini: Callab
     assert rows[0]["files"] + 1 == rows[1]["files"] and rows[0]["time"] <= rows[1]["time"]
     Path(ctx.path("snapshots", "index.jsonl")).unlink()  # the manifests alone still answer
     assert [r["id"] for r in store.snapshots(ctx, {})["snapshots"]] == [first, second["id"]]
+
+
+def test_symlinks_inside_the_package_are_recorded_and_restored(ctx: Context, site: Path) -> None:
+    (site / "sglang/alias.py").symlink_to("version.py")
+    pristine = tree_state(site) | {"link": os.readlink(site / "sglang/alias.py")}
+    snap = store.snapshot(ctx, {"reason": "r"})["id"]
+    assert read_json(ctx.path("snapshots", snap + ".json"))["files"]["sglang/alias.py"]["link"] == "version.py"
+    (site / "sglang/alias.py").unlink()
+    (site / "sglang/alias.py").write_text("now a file\n")
+    assert store.restore(ctx, {"snapshot": snap})["restored"] == ["sglang/alias.py"]
+    assert (tree_state(site) | {"link": os.readlink(site / "sglang/alias.py")}) == pristine
+    with pytest.raises(HelperFailure) as err:  # apply never writes through a symlink
+        store.apply(ctx, {"changes": [{"path": "sglang/alias.py", "action": "write", "expect": None,
+                                       "sha256": "0" * 64, "content": ""}],
+                          "state": {"snapshot": snap, "base_snapshot": snap}})
+    assert err.value.code == "path_is_symlink"
+
+
+@pytest.mark.parametrize(("changes", "code"), [
+    ([{"path": SPEC_INFO, "action": "move"}], "bad_plan"),
+    ([{"path": MINI_UTILS, "action": "delete"}] * 2, "bad_plan"),
+    ([{"path": "../outside.py", "action": "delete"}], "path_escapes"),
+])
+def test_malformed_apply_requests_are_refused_before_anything_is_written(
+        ctx: Context, changes: list[dict[str, str]], code: str) -> None:
+    snap = store.snapshot(ctx, {"reason": "r"})["id"]
+    with pytest.raises(HelperFailure) as err:
+        store.apply(ctx, {"changes": changes, "state": {"snapshot": snap, "base_snapshot": snap}})
+    assert err.value.code == code
+    assert not os.path.exists(ctx.path("journal.json"))
