@@ -42,6 +42,7 @@ class DeployedState(BaseModel):
     overlay: str | None = None
     version: str | None = None
     digest: str | None = None
+    base: str | None = Field(default=None, description="the sglang release the overlay was applied to")
     snapshot: str | None = Field(default=None, description="rollback target: the snapshot taken before the push")
     base_snapshot: str | None = Field(default=None, description="the package without any overlay")
     files: dict[str, Any] = Field(default_factory=dict, description="the overlay's post-images by path")
@@ -145,8 +146,11 @@ def plan_for_host(t: Transport, overlay: Overlay, base_version: str, *, artifact
     """Fetch the facts `overlay.plan` needs from the host (one call) and compute the plan.
 
     With an overlay deployed, its base snapshot supplies the pristine bytes to patch, and the
-    paths it owns but `overlay` does not are reverted.
+    paths it owns but `overlay` does not are reverted. A deployed record made on another sglang
+    release is ignored (the pre-image checks then judge the files as they are).
     """
+    if deployed is not None and deployed.base not in (None, base_version):
+        deployed = None  # sglang was reinstalled under the overlay: its record no longer describes these files
     base_snapshot = deployed.base_snapshot if deployed and deployed.overlay else None
     owned = sorted(deployed.files) if deployed and deployed.overlay else []
     paths = sorted(set(overlay.touched(base_version, artifacts_folder)) | set(owned))

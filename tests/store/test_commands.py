@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from ddtree_deploy import snapshot
 from ddtree_deploy.commands import diff, overlay, snapshots
-from ddtree_deploy.errors import UsageError
+from ddtree_deploy.errors import PreflightError, UsageError
 from ddtree_deploy.output import ExitCode, exit_code_for
 from ddtree_deploy.overlay import load_overlay
 
@@ -102,3 +102,16 @@ def test_unknown_snapshot_is_bad_input_and_changes_nothing(site: Path, tmp_path:
         snapshot.restore(t, "20990101T000000Z-00000000")
     assert err.value.code == "unknown_snapshot" and exit_code_for(err.value) == ExitCode.BAD_INPUT
     assert "known snapshots" in err.value.hint and tree_state(site) == before
+
+
+def test_a_deployed_record_from_another_sglang_release_is_not_trusted(site: Path, tmp_path: Path) -> None:
+    t = local_transport(site, tmp_path / "state")
+    overlay = load_overlay("mini@0.1.0", OVERLAYS)
+    snapshot.apply_plan(t, snapshot.plan_for_host(t, overlay, "0.5.17"), snapshot.take_snapshot(t, "pre-push").id)
+    deployed = snapshot.deployed_state(t)
+    assert deployed is not None and deployed.base == "0.5.17"
+    assert snapshot.plan_for_host(t, overlay, "0.5.17", deployed=deployed).noop
+    reinstalled = deployed.model_copy(update={"base": "0.5.16"})  # as if pip replaced sglang under the overlay
+    with pytest.raises(PreflightError) as err:  # base-snapshot bytes of another release are never patched
+        snapshot.plan_for_host(t, overlay, "0.5.17", deployed=reinstalled)
+    assert err.value.code == "preimage_mismatch"
