@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,7 @@ def main() -> None:
     broken_step(transport, save)
 
 
-def healthy_steps(transport: LocalTransport, save: Any) -> None:
+def healthy_steps(transport: LocalTransport, save: Callable[[str, Any], None]) -> None:
     """Steps 1-3: plain, DFLASH against the plain reference, stop."""
     plain = service.restart(transport)
     save("1_restart_plain", plain.model_dump(exclude={"log_tail"}) | {"log_tail": plain.log_tail[-8:]})
@@ -172,7 +173,7 @@ def healthy_steps(transport: LocalTransport, save: Any) -> None:
     save("3_stop", stopped.model_dump() | {"gpu_apps_after": gpu_apps()})
 
 
-def broken_step(transport: LocalTransport, save: Any) -> None:
+def broken_step(transport: LocalTransport, save: Callable[[str, Any], None]) -> None:
     """Step 4: a DFLASH worker that raises at import; how soon after the server's last write is it reported."""
     for rel in BROKEN:
         shutil.copy2(SITE / rel, SITE / (rel + ".orig"))

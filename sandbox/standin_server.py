@@ -187,7 +187,7 @@ class Model:
         # SGLang sets the spec_accept_length gauge only every decode_log_interval decode forwards, from
         # the tokens and forwards counted since the last time (so a few short requests leave it at 0)
         self.forwards = 0
-        self.window_tokens = 0
+        self.window_tokens = 0.0
         self.window_forwards = 0
 
     def generate(self, prompt: Any, params: Dict[str, Any]) -> Dict[str, Any]:
@@ -220,7 +220,7 @@ class Model:
             self.window_tokens += tokens / forwards
             if self.forwards % self.log_interval == 0:
                 self.last_accept = self.window_tokens / self.window_forwards if self.algorithm else 0.0
-                self.window_tokens, self.window_forwards = 0, 0
+                self.window_tokens, self.window_forwards = 0.0, 0
 
     def _ids(self, key: str, count: int) -> List[int]:
         ids, state = [], hashlib.sha256(key.encode()).digest()

@@ -278,7 +278,7 @@ class _Process(_Backend):
                                         cwd=cwd, env=dict(os.environ, **env), start_new_session=True)
             except OSError as exc:
                 raise HelperFailure("spawn_failed", "cannot start %s: %s" % (argv[0], exc.strerror),
-                                    "fix the service's command in the inventory", argv=argv)
+                                    "fix the service's command in the inventory", argv=argv) from None
         st = _stat(proc.pid)
         self.record = {"pid": proc.pid, "pgid": proc.pid, "starttime": st[3] if st else None, "argv": argv,
                        "env": sorted(env), "cwd": cwd, "port": self.port, "started": time.time(), "log": self.log_path}
@@ -331,7 +331,8 @@ class _Systemd(_Backend):
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, timeout=60, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise HelperFailure("systemd_failed", "%s: %s" % (" ".join(argv), exc), "is systemd running on this host?")
+            raise HelperFailure("systemd_failed", "%s: %s" % (" ".join(argv), exc),
+                                "is systemd running on this host?") from None
         if proc.returncode != 0:
             raise HelperFailure("systemd_failed", "%s exited %d: %s" % (" ".join(argv), proc.returncode,
                                 proc.stderr.decode(errors="replace").strip()[-500:]),

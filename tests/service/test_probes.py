@@ -68,8 +68,8 @@ def test_all_probe_kinds_pass_on_a_healthy_ddtree_server(svc_host: ServiceHost) 
 def test_acceptance_gauge_lags_like_sglang_but_lossless_has_per_request_evidence(svc_host: ServiceHost) -> None:
     # Measured on the real server (bench/service_real.py): with the default decode_log_interval of 40,
     # three 32-token DDTREE answers leave sglang:spec_accept_length at 0.
-    transport = _up(svc_host, log_interval=40)
-    reference = record_reference(transport, [LOSSLESS])
+    reference = record_reference(_up(svc_host), [LOSSLESS])
+    transport = _up(svc_host, log_interval=40)  # the restart of a push: fresh counters
     lossless, gauge = run_probes(transport, [LOSSLESS, MetricsProbe(kind="metrics", name="sglang:spec_accept_length",
                                                                      min=1.0)], reference)
     assert lossless.status == "pass" and min(lossless.details["spec_accept_length"]) > 1
@@ -84,7 +84,7 @@ def test_lossless_mismatch_names_prompt_and_first_differing_token(svc_host: Serv
     assert result.prompt == PROMPTS[0]
     assert result.expected == reference.lookup(PROMPTS[0], 32)
     assert isinstance(result.expected, list) and isinstance(result.got, list)
-    first = next(i for i, (a, b) in enumerate(zip(result.expected, result.got)) if a != b)
+    first = next(i for i, (a, b) in enumerate(zip(result.expected, result.got, strict=False)) if a != b)
     assert result.first_diff == first and result.expected[:first] == result.got[:first]
     assert f"token {first} of 32" in result.message
 
