@@ -49,7 +49,9 @@ def heap_tree(log_probs: list[list[float]], token_ids: list[list[int]], budget: 
     depth_limit, k = len(log_probs), len(log_probs[0])
     tokens: list[int] = []
     parents = [-1]
-    heap = [(-log_probs[0][0], (0,), 0, 1, 0, log_probs[0][0])]
+    heap: list[tuple[float, tuple[int, ...], int, int, int, float]] = [
+        (-log_probs[0][0], (0,), 0, 1, 0, log_probs[0][0])
+    ]
     while heap and len(tokens) < budget:
         _, ranks, parent, depth, rank, score = heapq.heappop(heap)
         tokens.append(token_ids[depth - 1][rank])
@@ -109,7 +111,7 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
 def graph_replay(dd: ModuleType, logits: torch.Tensor, budget: int) -> Callable[[], object] | None:
     """A CUDA graph of the batched build on a static logits buffer (None if capture fails)."""
     static = logits.clone()
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         dd.build_ddtree_batch(static, budget)  # warm-up outside the capture
@@ -141,7 +143,10 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=15)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dd = load_ddtree_utils()
     cuda = device.type == "cuda"

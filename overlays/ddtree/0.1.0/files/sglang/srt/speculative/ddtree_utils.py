@@ -367,23 +367,24 @@ def _ddtree_sibling_scores(
     u = parent_scores
     scores = u + log_probs
     rank = layout.rank.expand_as(scores)
-    last_rank = (layout.count[layout.parent_slot] - 1).expand_as(scores)
+    # Events at a parent's last kept rank change nothing that was kept.
+    inner = torch.isfinite(scores) & (rank < layout.count[layout.parent_slot] - 1)
+    rank0_at = layout.first[layout.parent_slot]
     start = torch.zeros_like(rank)
 
-    def next_event() -> torch.Tensor:
-        back = scores - log_probs
-        event = (back != u) & torch.isfinite(scores) & (rank >= start) & (rank < last_rank)
+    def first_event(back: torch.Tensor) -> torch.Tensor:
+        event = (back != u) & inner & (rank >= start)
         return _ddtree_segment_min(torch.where(event, rank, k), layout, width, k)
 
     for _ in range(_DDTREE_SIBLING_FOLD_PASSES):
-        first_event = next_event()
-        later = rank > first_event
-        event_at = layout.first[layout.parent_slot] + first_event.clamp(max=k - 1)
-        u_event = (scores - log_probs).gather(1, event_at.clamp(max=layout.size - 1))
-        u = torch.where(later, u_event, u)
+        back = scores - log_probs
+        first = first_event(back)
+        later = rank > first
+        event_at = (rank0_at + first).clamp(max=layout.size - 1)
+        u = torch.where(later, back.gather(1, event_at), u)
         scores = torch.where(later, u + log_probs, scores)
-        start = torch.where(first_event < k, first_event + 1, start)
-    return scores, rank > next_event()
+        start = torch.where(first < k, first + 1, start)
+    return scores, rank > first_event(scores - log_probs)
 
 
 def _ddtree_root_only_batch(bs: int, budget: int, device: torch.device) -> DDTreeBatch:
