@@ -811,14 +811,10 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     commit_restore(ctx, manifest, todo, temps)
     verify_restored(ctx, manifest, cache, tuple(todo["write"]))
     forget_bytecode([os.path.join(ctx.package_root, p) for p in paths])
-    recorded = manifest.get("state") or {
-        "overlay": None,
-        "version": None,
-        "digest": None,
-        "files": {},
-        "snapshot": target,
-        "base_snapshot": target,
-    }
+    recorded = manifest.get("state") or {}
+    if not recorded.get("overlay"):  # a package without overlay is its own base and rollback target
+        recorded = {"overlay": None, "version": None, "digest": None, "files": {}, "snapshot": target,
+                    "base_snapshot": target}
     write_json(ctx.path("state.json"), dict(recorded, restored_from=target, restored=time.time()))
     append_history(
         ctx,

@@ -116,6 +116,10 @@ def test_upgrade_reverts_what_the_new_version_drops_and_rollback_returns_to_the_
     assert read_json(ctx.path("state.json"))["version"] == "0.1.0" and store.verify(ctx, {})["clean"]
     store.restore(ctx, {"snapshot": base_snap})
     assert tree_state(site) == pristine and pre_upgrade != base_snap
+    _, again = push_in_process(ctx, mini("0.1.0"))
+    store.restore(ctx, {})  # a snapshot without overlay becomes its own base and rollback target
+    state = read_json(ctx.path("state.json"))
+    assert (state["overlay"], state["snapshot"], state["base_snapshot"]) == (None, again, again)
 
 
 def test_drift_is_reported_file_by_file(ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
