@@ -86,10 +86,14 @@ def _listening_inodes(port: int) -> Set[str]:
     return inodes
 
 
+_OWNERS: Dict[str, Dict[str, Any]] = {}  # socket inode -> owner, so a wait loop scans /proc/*/fd once
+
+
 def _port_owners(port: int) -> List[Dict[str, Any]]:
     """Who listens on `port`: pid, pgid and command; pid None where /proc hides the owner from us."""
-    wanted = {"socket:[%s]" % inode for inode in _listening_inodes(port)}
-    owners = []
+    inodes = _listening_inodes(port)
+    wanted = {"socket:[%s]" % inode: inode for inode in inodes
+              if inode not in _OWNERS or not _live(_OWNERS[inode]["pid"])}
     for pid in _pids() if wanted else []:
         try:
             fds = os.listdir("/proc/%d/fd" % pid)
@@ -100,12 +104,16 @@ def _port_owners(port: int) -> List[Dict[str, Any]]:
                 target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
             except OSError:
                 continue
-            if target in wanted:
-                wanted.discard(target)
+            if target in wanted:  # one process may listen twice (IPv4 and IPv6): keep scanning its fds
                 st = _stat(pid)
-                owners.append({"pid": pid, "pgid": st[1] if st else None, "command": _cmdline(pid)})
-                break
-    owners.extend({"pid": None, "pgid": None, "command": "?"} for _ in wanted)
+                _OWNERS[wanted.pop(target)] = {"pid": pid, "pgid": st[1] if st else None, "command": _cmdline(pid)}
+        if not wanted:
+            break
+    owners: List[Dict[str, Any]] = []
+    for inode in sorted(inodes):
+        owner = _OWNERS.get(inode) or {"pid": None, "pgid": None, "command": "?"}
+        if owner["pid"] is None or owner not in owners:  # a dual-stack listener is one owner
+            owners.append(owner)
     return owners
 
 
