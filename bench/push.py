@@ -1,0 +1,534 @@
+"""Benchmark: `push` and `rollback` over 4 hosts behind real sshd, beside Ansible doing the same job (goal: >= 8x).
+
+Four loopback hosts (ct129, ct200, ct129b, ct200b: sandbox trees with the real sglang 0.5.17 files,
+each behind its own sshd, reached through ssh_config aliases) run the stand-in server. In one run:
+
+* ddtree-deploy (`python -m ddtree_deploy.cli ... --json`, a subprocess per command): `push --all`
+  then `rollback --all`, twice: a cold round (the first snapshot copies the package into the empty
+  store) and a warm round (the store already holds every content: iterating on an overlay). Both
+  include restart, health wait and probes. Then the same two rounds with an inventory without
+  service blocks (files only, issue 3's measure) and a fresh state folder.
+* Ansible (ansible-core's `ansible-playbook`, forks 4, pipelining, ControlPersist as shipped, no fact
+  gathering, the interpreter set per host): the same job as an expert would write it. Push = `tar`
+  the installed package and its dist-info, `copy` the overlay's new files, `patch -p1` its patch set
+  (one command, the diffs on stdin), restart the server (SIGTERM to its process group, SIGKILL after a
+  grace, start detached), `uri` health with retries every 0.25 s. Rollback = remove the package and
+  untar the archive (exact: files the overlay added are gone), restart, health. Files only: no restart.
+
+Every run must succeed (exit 0, every host `ok`) and leave the package as expected: the sha256 of
+every file of sglang/ and its dist-info equals the pristine tree after a rollback and the tree
+ddtree-deploy's cold push made after a push (for Ansible too), and the server runs the expected
+speculative algorithm. Ratios are Ansible seconds / ddtree-deploy seconds, measured in this run.
+Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.2.0] [--keep]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from sandbox.fleet import STANDIN, free_port, host_entry
+from sandbox.hosts import SandboxHost, build_host
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+from sshd_fleet import Fleet, make_key, require_sshd, start_sshd  # noqa: E402
+
+GOAL = 8.0
+HOSTS = {"ct129": "ct129", "ct200": "ct200", "ct129b": "ct129", "ct200b": "ct200"}  # name -> profile
+CLI_TIMEOUT_S = 300
+HEALTH_PATH = "/health_generate"
+
+
+class Timing(BaseModel):
+    """One timed command: which tool, which operation and round, how long, and where the time went."""
+
+    tool: str
+    op: str
+    seconds: float
+    steps_s: dict[str, float] = {}  # ddtree-deploy only: each step's slowest host
+
+
+class Bench(BaseModel):
+    """What the bench's runs need to know about the fleet and the overlay."""
+
+    root: Path
+    overlay: str
+    overlay_dir: Path
+    server_args: list[str]
+    inventory: Path
+    files_inventory: Path
+    env: dict[str, str]
+    ansible_dir: Path
+    hosts: dict[str, SandboxHost]
+    ports: dict[str, int]
+
+
+# ---------------------------------------------------------------- the fleet
+
+
+def start_hosts(folder: Path) -> Fleet:
+    """Build the four host trees and start one sshd per host; the caller stops the fleet."""
+    require_sshd()
+    folder.mkdir(parents=True)
+    fleet = Fleet(
+        folder=folder,
+        client_key=make_key(folder / "client_ed25519", "ddtree-deploy bench client"),
+        hosts={},
+        servers={},
+        ssh_config=folder / "ssh_config",
+        known_hosts=folder / "known_hosts",
+    )
+    try:
+        for name, profile in HOSTS.items():
+            fleet.hosts[name] = build_host(folder / "hosts" / name, profile, name=name)
+            fleet.servers[name] = start_sshd(name, fleet.hosts[name], folder / "sshd" / name, fleet.client_key)
+    except BaseException:
+        fleet.stop()
+        raise
+    fleet.known_hosts.write_text("".join(s.known_hosts_line() for s in fleet.servers.values()))
+    fleet.write_ssh_config(fleet.ssh_config)
+    return fleet
+
+
+def service_entries(fleet: Fleet, ports: dict[str, int], cache: Path) -> dict[str, dict[str, Any]]:
+    """Each host's service block, probes and PATH as the sandbox fleet has them, reached over ssh.
+
+    The stand-in byte-compiles the package at start, caching results by content; one cache shared by
+    all hosts (warmed before timing) makes every start compile only what changed, for both tools.
+    """
+    entries = {}
+    for name, host in fleet.hosts.items():
+        entry = host_entry(host, ports[name], ["--standin-compile-cache", str(cache)])
+        entries[name] = {**entry, "transport": "ssh"}
+    return entries
+
+
+def files_only_entries(fleet: Fleet) -> dict[str, dict[str, Any]]:
+    return {
+        name: {"env": {"PATH": f"{host.bin_dir}:/usr/local/bin:/usr/bin:/bin"}} for name, host in fleet.hosts.items()
+    }
+
+
+def warm_compile_cache(host: SandboxHost, entry: dict[str, Any]) -> float:
+    started = time.monotonic()
+    service = entry["service"]
+    subprocess.run([*service["command"], *service["args"], "--standin-compile-only"], check=True, capture_output=True)
+    return time.monotonic() - started
+
+
+def package_digest(host: SandboxHost) -> str:
+    """sha256 over every file of sglang/ and its dist-info: path, mode and content (bytecode caches aside)."""
+    h = hashlib.sha256()
+    root = host.package_root
+    for top in sorted(p for p in root.iterdir() if p.name == "sglang" or p.name.startswith("sglang-")):
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                path = Path(folder, name)
+                h.update(f"{path.relative_to(root)}\0{path.lstat().st_mode}\0".encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def server_algorithm(port: int) -> str | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as answer:
+        return json.load(answer).get("speculative_algorithm")  # type: ignore[no-any-return]
+
+
+def stop_standins(folder: Path) -> list[int]:
+    """Kill the process groups of stand-in servers serving hosts under `folder` (a safety net; found by pid)."""
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(STANDIN).encode() in argv and any(str(folder).encode() in arg for arg in argv):
+            try:
+                os.killpg(os.getpgid(int(entry.name)), signal.SIGKILL)
+                killed.append(int(entry.name))
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+# ---------------------------------------------------------------- ddtree-deploy
+
+
+def ddtree(bench: Bench, inventory: Path, label: str, *args: str) -> Timing:
+    """Run one CLI command on every host; fail loudly unless it exits 0 with every host `ok`."""
+    env = {**bench.env, "DDTREE_INVENTORY": str(inventory)}
+    argv = [sys.executable, "-m", "ddtree_deploy.cli", *args, "--all", "--json"]
+    started = time.monotonic()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
+    seconds = time.monotonic() - started
+    try:
+        rows = json.loads(proc.stdout)["data"]["hosts"]
+    except (ValueError, KeyError, TypeError):
+        raise SystemExit(
+            f"{' '.join(args)}: exit {proc.returncode}, not a data envelope:\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        ) from None
+    outcomes = {row["host"]: (row.get("result") or {}).get("outcome") for row in rows}
+    if proc.returncode != 0 or set(outcomes.values()) != {"ok"} or len(rows) != len(HOSTS):
+        raise SystemExit(
+            f"{' '.join(args)}: exit {proc.returncode}, outcomes {outcomes}\n"
+            + "\n".join(why_not_ok(row) for row in rows if outcomes[row["host"]] != "ok")
+        )
+    steps: dict[str, float] = {}
+    for row in rows:
+        for step in row["result"]["steps"]:
+            steps[step["step"]] = max(steps.get(step["step"], 0.0), step.get("duration_s") or 0.0)
+    return Timing(tool="ddtree-deploy", op=label, seconds=seconds, steps_s=steps)
+
+
+def why_not_ok(row: dict[str, Any]) -> str:
+    result = row.get("result") or {}
+    brief = {
+        "error": row.get("error"),
+        "outcome": result.get("outcome"),
+        "failed_step": result.get("failed_step"),
+        "reason": result.get("reason"),
+        "steps": [(s["step"], s["status"], s.get("message")) for s in result.get("steps", [])],
+    }
+    return f"  {row['host']}: {json.dumps(brief)[:3000]}"
+
+
+# ---------------------------------------------------------------- Ansible
+
+
+def ansible_project(bench: Bench, fleet: Fleet, entries: dict[str, dict[str, Any]]) -> None:
+    """Write ansible.cfg, the inventory, the overlay's patch set as one diff, and the playbooks."""
+    out = bench.ansible_dir
+    out.mkdir()
+    (out / "ansible.cfg").write_text(f"""\
+[defaults]
+inventory = {out / "hosts.ini"}
+forks = 4
+gathering = explicit
+host_key_checking = True
+retry_files_enabled = False
+deprecation_warnings = False
+local_tmp = {out / "tmp"}
+
+[ssh_connection]
+pipelining = True
+control_path_dir = {out / "cp"}
+""")
+    lines = ["[eval]"]
+    for name, host in fleet.hosts.items():
+        service = entries[name]["service"]
+        dist_info = next(p.name for p in host.package_root.glob("sglang-*.dist-info"))
+        base = " ".join([*service["command"], *service["args"]])
+        lines.append(
+            f"{name} ansible_python_interpreter={host.python} pkg_root={host.package_root} "
+            f"work={host.root / 'ansible'} dist_info={dist_info} server_port={service['port']} "
+            f"server_cmd='{base}'"
+        )
+    lines += ["", "[eval:vars]", f"ansible_ssh_common_args='-F {fleet.ssh_config}'"]
+    (out / "hosts.ini").write_text("\n".join(lines) + "\n")
+    diffs = sorted((bench.overlay_dir / "patches").rglob("*.diff"))
+    (out / "overlay.diff").write_text("".join(d.read_text() for d in diffs))
+    for name, tasks in playbooks(bench).items():
+        play = [{"name": name, "hosts": "eval", "gather_facts": False, "tasks": tasks}]
+        (out / f"{name}.yml").write_text(yaml.safe_dump(play, sort_keys=False, width=200))
+
+
+def playbooks(bench: Bench) -> dict[str, list[dict[str, Any]]]:
+    """The plays, by name: push and rollback with and without the restart, start, stop, prepare."""
+    archive = "{{ work }}/sglang-before-push.tar"
+    snapshot = {
+        "name": "archive the installed package and its dist-info",
+        "ansible.builtin.command": {"cmd": f"tar -cf {archive} sglang {{{{ dist_info }}}}", "chdir": "{{ pkg_root }}"},
+    }
+    copy = {
+        "name": "copy the overlay's new files",
+        "ansible.builtin.copy": {"src": f"{bench.overlay_dir / 'files'}/", "dest": "{{ pkg_root }}/"},
+    }
+    patch = {
+        "name": "apply the overlay's patch set",
+        "ansible.builtin.command": {
+            "cmd": "patch -p1 --forward --batch -d {{ pkg_root }}",
+            "stdin": f"{{{{ lookup('ansible.builtin.file', '{bench.ansible_dir / 'overlay.diff'}', rstrip=False) }}}}",
+            "stdin_add_newline": False,
+        },
+    }
+    restore = {
+        "name": "restore the archive exactly (files the overlay added go too)",
+        "ansible.builtin.shell": {
+            "cmd": f"rm -rf sglang {{{{ dist_info }}}} && tar -xf {archive}",
+            "chdir": "{{ pkg_root }}",
+        },
+    }
+    overlay_args = " ".join(bench.server_args)
+    return {
+        "prepare": [{"name": "work folder", "ansible.builtin.file": {"path": "{{ work }}", "state": "directory"}}],
+        "start": [*restart_tasks("")],
+        "stop": [stop_task()],
+        "push": [snapshot, copy, patch, *restart_tasks(overlay_args)],
+        "rollback": [restore, *restart_tasks("")],
+        "push_files": [snapshot, copy, patch],
+        "rollback_files": [restore],
+    }
+
+
+def stop_task() -> dict[str, Any]:
+    script = """\
+[ -f {{ work }}/server.pid ] || exit 0
+pgid=$(cat {{ work }}/server.pid)
+kill -TERM -- -$pgid 2>/dev/null || { rm -f {{ work }}/server.pid; exit 0; }
+for i in $(seq 100); do
+  kill -0 -- -$pgid 2>/dev/null || { rm -f {{ work }}/server.pid; exit 0; }
+  sleep 0.05
+done
+kill -KILL -- -$pgid; rm -f {{ work }}/server.pid
+"""
+    return {"name": "stop the server: SIGTERM to its process group, SIGKILL after 5 s", "ansible.builtin.shell": {"cmd": script, "executable": "/bin/bash"}}
+
+
+def restart_tasks(extra_args: str) -> list[dict[str, Any]]:
+    start = (
+        "setsid {{ server_cmd }} "
+        + extra_args
+        + " > {{ work }}/server.log 2>&1 < /dev/null & echo $! > {{ work }}/server.pid"
+    )
+    return [
+        stop_task(),
+        {
+            "name": "wait until the port is free",
+            "ansible.builtin.wait_for": {"host": "127.0.0.1", "port": "{{ server_port }}", "state": "stopped", "timeout": 30},
+        },
+        {"name": "start the server detached, in its own process group", "ansible.builtin.shell": start},
+        {
+            "name": "wait for health",
+            "ansible.builtin.uri": {"url": "http://127.0.0.1:{{ server_port }}" + HEALTH_PATH},
+            "register": "health",
+            "until": "health.status == 200",
+            "retries": 240,
+            "delay": 0.25,
+        },
+    ]
+
+
+def ansible(bench: Bench, name: str, label: str) -> Timing:
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(bench.ansible_dir / "ansible.cfg"),
+        "ANSIBLE_HOME": str(bench.ansible_dir / "home"),
+    }
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["ansible-playbook", f"{name}.yml"],
+        cwd=bench.ansible_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=False,
+    )
+    seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"ansible-playbook {name}.yml: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+        )
+    return Timing(tool="Ansible", op=label, seconds=seconds)
+
+
+def close_ssh_masters(bench: Bench) -> None:
+    """End Ansible's ControlPersist connections so nothing outlives the bench."""
+    for sock in (bench.ansible_dir / "cp").glob("*"):
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "bench"], capture_output=True, check=False)
+
+
+# ---------------------------------------------------------------- runs and checks
+
+
+class Expect(BaseModel):
+    """The package digests each host must show and, when servers run, the speculative algorithm they report."""
+
+    digests: dict[str, str]
+    serving: bool
+    algorithm: str | None = None
+
+
+def check(bench: Bench, timing: Timing, expect: Expect) -> Timing:
+    for name, host in bench.hosts.items():
+        if package_digest(host) != expect.digests[name]:
+            raise SystemExit(f"{timing.tool} {timing.op}: {name}'s package is not in the expected state")
+        if expect.serving and server_algorithm(bench.ports[name]) != expect.algorithm:
+            raise SystemExit(f"{timing.tool} {timing.op}: {name}'s server does not run {expect.algorithm}")
+    return timing
+
+
+def digests(bench: Bench) -> dict[str, str]:
+    return {name: package_digest(host) for name, host in bench.hosts.items()}
+
+
+Runner = Callable[[str, str], Timing]  # (push | rollback, label) -> timing
+
+
+def rounds(run: Runner, bench: Bench, labels: list[str], pushed: Expect, pristine: Expect) -> list[Timing]:
+    """push then rollback under each label, each checked against the expected package and server."""
+    done = []
+    for label in labels:
+        done.append(check(bench, run("push", f"push ({label})"), pushed))
+        done.append(check(bench, run("rollback", f"rollback ({label})"), pristine))
+    return done
+
+
+def ddtree_runner(bench: Bench, inventory: Path) -> Runner:
+    def run(op: str, label: str) -> Timing:
+        return ddtree(bench, inventory, label, op, *(["--overlay", bench.overlay] if op == "push" else []))
+
+    return run
+
+
+def measure(bench: Bench, say: Callable[[str], None]) -> list[Timing]:
+    """Every timed round, in order: ddtree-deploy with restart, files only; Ansible files only, with restart."""
+    pristine = digests(bench)
+    ddtree(bench, bench.inventory, "start", "restart")  # servers run before a push, as on the real hosts
+    cold = ddtree(bench, bench.inventory, "push (cold)", "push", "--overlay", bench.overlay)
+    pushed = digests(bench)
+    if pushed == pristine:
+        raise SystemExit("the push changed no package")
+    serving = (Expect(digests=pushed, serving=True, algorithm="DDTREE"), Expect(digests=pristine, serving=True))
+    files = (Expect(digests=pushed, serving=False), Expect(digests=pristine, serving=False))
+    timings = [check(bench, cold, serving[0])]
+    timings.append(check(bench, ddtree_runner(bench, bench.inventory)("rollback", "rollback (cold)"), serving[1]))
+    timings += rounds(ddtree_runner(bench, bench.inventory), bench, ["warm"], *serving)
+    ddtree(bench, bench.inventory, "stop", "stop")
+    say("ddtree-deploy, with restart: done")
+    timings += rounds(
+        ddtree_runner(bench, bench.files_inventory), bench, ["files only, cold", "files only, warm"], *files
+    )
+    say("ddtree-deploy, files only: done")
+    ansible(bench, "prepare", "prepare")
+    timings += rounds(
+        lambda op, label: ansible(bench, f"{op}_files", label), bench, ["files only, cold", "files only, warm"], *files
+    )
+    say("Ansible, files only: done")
+    ansible(bench, "start", "start")
+    timings += rounds(lambda op, label: ansible(bench, op, label), bench, ["cold", "warm"], *serving)
+    ansible(bench, "stop", "stop")
+    say("Ansible, with restart: done")
+    return timings
+
+
+# ---------------------------------------------------------------- report
+
+
+def table(timings: list[Timing]) -> list[dict[str, Any]]:
+    """One row per operation: both tools' seconds and the ratio Ansible / ddtree-deploy."""
+    by_op: dict[str, dict[str, float]] = {}
+    for t in timings:
+        by_op.setdefault(t.op, {})[t.tool] = t.seconds
+    rows = []
+    for op, seconds in by_op.items():
+        ours, theirs = seconds["ddtree-deploy"], seconds["Ansible"]
+        rows.append(
+            {
+                "operation": op,
+                "ddtree_deploy_s": round(ours, 2),
+                "ansible_s": round(theirs, 2),
+                "ratio": round(theirs / ours, 2),
+                "meets_goal": theirs / ours >= GOAL,
+            }
+        )
+    return rows
+
+
+def print_report(timings: list[Timing]) -> list[dict[str, Any]]:
+    rows = table(timings)
+    print(f"\n{'operation':32s} {'ddtree-deploy s':>15s} {'Ansible s':>10s} {'ratio':>7s}  target >= {GOAL:.0f}x")
+    for r in rows:
+        verdict = "met" if r["meets_goal"] else "MISSED"
+        print(f"{r['operation']:32s} {r['ddtree_deploy_s']:15.2f} {r['ansible_s']:10.2f} {r['ratio']:6.2f}x  {verdict}")
+    print("\nwhere ddtree-deploy's time goes (each step: its slowest host, s; the rest is the CLI and connections)")
+    for t in timings:
+        if t.tool == "ddtree-deploy":
+            steps = "  ".join(f"{k} {v:.2f}" for k, v in t.steps_s.items())
+            print(f"  {t.op:30s} {t.seconds:6.2f}s  {steps}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--overlay", default="ddtree@0.2.0", help="NAME@VERSION under overlays/")
+    parser.add_argument("--keep", action="store_true", help="keep the bench folder (printed) for inspection")
+    opts = parser.parse_args(argv)
+    began = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - began:6.1f}s] {message}", flush=True)
+
+    folder = Path(tempfile.mkdtemp(prefix="ddtree-bench-push-"))
+    fleet: Fleet | None = None
+    bench: Bench | None = None
+    try:
+        fleet = start_hosts(folder / "fleet")
+        say(f"4 hosts built and their sshd started under {folder}")
+        bench = setup(folder, fleet, opts.overlay, say)
+        rows = print_report(measure(bench, say))
+        print(json.dumps({"bench": "push", "overlay": opts.overlay, "goal": GOAL, "rows": rows}))
+        say("done")
+    finally:
+        killed = stop_standins(folder)
+        if killed:
+            print(f"stopped stand-in servers left running: {killed}")
+        if bench is not None:
+            close_ssh_masters(bench)
+        if fleet is not None:
+            fleet.stop()
+        if not opts.keep:
+            subprocess.run(["rm", "-rf", "--", str(folder)], check=False)
+
+
+def setup(folder: Path, fleet: Fleet, overlay: str, say: Callable[[str], None]) -> Bench:
+    """Inventories (with and without services), the warmed compile cache, and the Ansible project."""
+    name, _, version = overlay.partition("@")
+    overlay_dir = REPO / "overlays" / name / version
+    manifest = yaml.safe_load((overlay_dir / "overlay.yaml").read_text())
+    ports = {name: free_port() for name in fleet.hosts}
+    entries = service_entries(fleet, ports, folder / "compile-cache.json")
+    inventory = fleet.write_inventory(folder / "inventory.yaml", hosts=entries)
+    files_inventory = fleet.write_inventory(
+        folder / "inventory-files.yaml", state_base=folder / "state-files", hosts=files_only_entries(fleet)
+    )
+    first = next(iter(fleet.hosts))
+    say(f"stand-in compile cache warmed in {warm_compile_cache(fleet.hosts[first], entries[first]):.1f}s")
+    env = {**os.environ, "DDTREE_OVERLAYS": str(REPO / "overlays"), "DDTREE_AUDIT_LOG": str(folder / "audit.jsonl")}
+    bench = Bench(
+        root=folder,
+        overlay=overlay,
+        overlay_dir=overlay_dir,
+        server_args=manifest["server"]["args"],
+        inventory=inventory,
+        files_inventory=files_inventory,
+        env=env,
+        ansible_dir=folder / "ansible",
+        hosts=fleet.hosts,
+        ports=ports,
+    )
+    ansible_project(bench, fleet, entries)
+    return bench
+
+
+if __name__ == "__main__":
+    main()
