@@ -9,6 +9,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
 MakeLogits = Callable[[str, tuple[int, ...], int], torch.Tensor]
@@ -212,3 +213,33 @@ def test_batch_builder_replays_the_heaps_float64_rounding(dd: ModuleType) -> Non
             closed_form = scores[parents[i]] + top[len(path) - 1, path[-1]].double().item()
             rounded += closed_form != scores[i]
     assert rounded > 0  # the case really exercises the fold replay
+
+
+# --------------------------------------------------------------------------- no host sync
+class _NoHostSync(TorchDispatchMode):
+    """Fails on ops that read tensor data on the host or have data-dependent shapes."""
+
+    forbidden = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "item")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = str(func)
+        assert not any(f in name for f in self.forbidden), f"host-syncing op {name}"
+        if "repeat_interleave" in name:
+            assert kwargs.get("output_size") is not None, "repeat_interleave without output_size"
+        return func(*args, **kwargs)
+
+
+def test_batched_functions_never_sync_with_the_host(dd: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    logits = torch.randn(3, 6, 80)
+    picks = torch.randint(0, 80, (3, 33))
+    for method in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, method, lambda *a, _m=method, **k: pytest.fail(f"Tensor.{_m} called"))
+    with _NoHostSync():
+        batch = dd.build_ddtree_batch(logits, 32)
+        dd.follow_verified_tree_batch(batch, picks)
+        dd.tree_links(batch)
+        dd.tree_positions(batch, torch.tensor([4, 5, 6]))
+        dd.tree_attention_mask(batch, 7)
+    monkeypatch.undo()
+    assert batch.num_nodes.tolist() == [32, 32, 32]
