@@ -268,3 +268,19 @@ def test_malformed_apply_requests_are_refused_before_anything_is_written(
         store.apply(ctx, {"changes": changes, "state": {"snapshot": snap, "base_snapshot": snap}})
     assert err.value.code == code
     assert not os.path.exists(ctx.path("journal.json"))
+
+
+def test_bytecode_of_replaced_modules_is_dropped_and_never_snapshotted(
+        ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+    cache = site / "sglang/srt/__pycache__"
+    cache.mkdir()
+    (cache / "server_args.cpython-311.pyc").write_bytes(b"stale")
+    (cache / "constants.cpython-311.pyc").write_bytes(b"kept")
+    push_in_process(ctx, mini("0.1.0"))
+    assert sorted(p.name for p in cache.iterdir()) == ["constants.cpython-311.pyc"]
+    (cache / "server_args.cpython-311.pyc").write_bytes(b"compiled from the overlay")
+    snap = store.snapshot(ctx, {"reason": "r"})["id"]
+    assert not [p for p in read_json(ctx.path("snapshots", snap + ".json"))["files"] if "__pycache__" in p]
+    assert store.verify(ctx, {})["clean"]
+    store.restore(ctx, {})
+    assert sorted(p.name for p in cache.iterdir()) == ["constants.cpython-311.pyc"]
