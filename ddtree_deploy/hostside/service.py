@@ -198,6 +198,13 @@ class _Backend:
         """Whether there is a server to wait for at all."""
         return True
 
+    def start(self, argv: List[str], env: Dict[str, str]) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def stop(self, grace_s: float) -> Dict[str, Any]:
+        """Stop and confirm; {was_running, pids, sigkill, waited_s}."""
+        raise NotImplementedError
+
     def describe(self) -> Dict[str, Any]:
         raise NotImplementedError
 
@@ -398,7 +405,7 @@ class _Systemd(_Backend):
         return {"was_running": was, "pids": [], "sigkill": False, "waited_s": time.monotonic() - started}
 
 
-def _backend(ctx: Context, args: Dict[str, Any]) -> Any:
+def _backend(ctx: Context, args: Dict[str, Any]) -> _Backend:
     spec = args.get("spec")
     if not isinstance(spec, dict) or "port" not in spec:
         raise HelperFailure("bad_request", "service ops need the service spec", "controller bug: pass args.spec")
@@ -415,14 +422,14 @@ def service_start(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     env = {"PYTHONUNBUFFERED": "1"}
     env.update(backend.spec.get("env") or {})
     env.update(args.get("env") or {})
-    return backend.start([str(word) for word in args["args"]], {k: str(v) for k, v in env.items()})  # type: ignore[no-any-return]
+    return backend.start([str(word) for word in args["args"]], {k: str(v) for k, v in env.items()})
 
 
 def service_stop(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     """Stop the server (the whole group: SIGTERM, `grace_s`, SIGKILL) and report whether the port is free."""
     backend = _backend(ctx, args)
     grace = float(args.get("grace_s", backend.spec.get("stop_grace_s", 30.0)))
-    report: Dict[str, Any] = backend.stop(grace)
+    report = backend.stop(grace)
     deadline = time.monotonic() + 2.0  # a dead listener's socket closes with it; allow the kernel a moment
     owners = _port_owners(backend.port)
     while owners and time.monotonic() < deadline:
@@ -488,9 +495,10 @@ def service_wait(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
             reason = "timeout"
             break
         time.sleep(poll)
+    identity = {k: v for k, v in backend.describe().items() if k in ("pid", "argv", "unit") and v is not None}
     return dict(extra, ready=reason == "ready", reason=reason, waited_s=time.monotonic() - started,
                 log_tail=backend.tail(TAIL_LINES)[0], log_offset=scanner.offset, last_http=checker.last,
-                port=port, **{k: v for k, v in backend.describe().items() if k in ("pid", "argv", "unit") and v is not None})
+                port=port, **identity)
 
 
 def service_status(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
