@@ -25,6 +25,9 @@ DEFAULT_FATAL_PATTERNS = [
     r"^Traceback \(most recent call last\):",
     r"CUDA error",
     r"out of memory",
+    # SGLang's subprocesses report their own crashes as one line that the anchored pattern misses.
+    r"(Scheduler|TokenizerManager|DetokenizerManager|DataParallelController) hit an exception",
+    r"Received sigquit from a child process",
 ]
 
 
