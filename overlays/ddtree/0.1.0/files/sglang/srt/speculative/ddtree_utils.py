@@ -182,21 +182,17 @@ def _ddtree_visibility(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
         Shape: [bs, n + 1, n + 1], bool; row i is i and its ancestors.
     """
     bs, width = parents.shape
+    # The root is everyone's ancestor, so pointing it at itself keeps every write correct.
+    up = parents.clamp(min=0)
+    ancestor = up
     visibility = (
         torch.eye(width, dtype=torch.bool, device=parents.device)
         .expand(bs, width, width)
         .clone()
     )
-    nodes = torch.arange(width, device=parents.device).expand(bs, width)
-    ancestor = parents
     for _ in range(max_depth):
-        has_ancestor = ancestor >= 0
-        # Nodes already at the root write their own (already set) diagonal cell.
-        column = torch.where(has_ancestor, ancestor, nodes)
-        visibility.scatter_(2, column.unsqueeze(-1), True)
-        ancestor = torch.where(
-            has_ancestor, parents.gather(1, ancestor.clamp(min=0)), ancestor
-        )
+        visibility.scatter_(2, ancestor.unsqueeze(-1), True)
+        ancestor = up.gather(1, ancestor)
     return visibility
 
 
@@ -307,8 +303,9 @@ class _CandidateLayout:
 
     parent_slot: torch.Tensor  # [P], frontier slot of each candidate
     rank: torch.Tensor  # [P], rank of each candidate in its row
-    first: torch.Tensor  # [W], index of slot p's rank-0 candidate
-    count: torch.Tensor  # [W], number of ranks kept for slot p
+    rank0_at: torch.Tensor  # [P], index of the candidate's rank-0 sibling
+    last_rank: torch.Tensor  # [P], last rank kept for the candidate's parent
+    positions: torch.Tensor  # [P], arange(P)
     size: int
 
 
@@ -327,8 +324,16 @@ def _ddtree_candidate_layout(
     size = _ddtree_layout_size(width, k, budget)
     first = torch.cumsum(count, 0) - count
     parent_slot = torch.repeat_interleave(slots, count, output_size=size)
-    rank = torch.arange(size, device=device) - first[parent_slot]
-    return _CandidateLayout(parent_slot, rank, first, count, size)
+    positions = torch.arange(size, device=device)
+    rank0_at = first[parent_slot]
+    return _CandidateLayout(
+        parent_slot=parent_slot,
+        rank=positions - rank0_at,
+        rank0_at=rank0_at,
+        last_rank=count[parent_slot] - 1,
+        positions=positions,
+        size=size,
+    )
 
 
 def _ddtree_segment_min(
@@ -366,24 +371,22 @@ def _ddtree_sibling_scores(
     """
     u = parent_scores
     scores = u + log_probs
-    rank = layout.rank.expand_as(scores)
-    # Events at a parent's last kept rank change nothing that was kept.
-    inner = torch.isfinite(scores) & (rank < layout.count[layout.parent_slot] - 1)
-    rank0_at = layout.first[layout.parent_slot]
-    start = torch.zeros_like(rank)
+    rank = layout.rank
+    # Ranks whose rounding could still change a later rank (not the parent's last one).
+    pending = torch.isfinite(scores) & (rank < layout.last_rank)
 
     def first_event(back: torch.Tensor) -> torch.Tensor:
-        event = (back != u) & inner & (rank >= start)
+        event = (back != u) & pending
         return _ddtree_segment_min(torch.where(event, rank, k), layout, width, k)
 
     for _ in range(_DDTREE_SIBLING_FOLD_PASSES):
         back = scores - log_probs
         first = first_event(back)
         later = rank > first
-        event_at = (rank0_at + first).clamp(max=layout.size - 1)
+        event_at = (layout.rank0_at + first).clamp(max=layout.size - 1)
         u = torch.where(later, back.gather(1, event_at), u)
         scores = torch.where(later, u + log_probs, scores)
-        start = torch.where(first < k, first + 1, start)
+        pending = pending & later
     return scores, rank > first_event(scores - log_probs)
 
 
@@ -431,7 +434,9 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
         return _ddtree_root_only_batch(bs, budget, device)
     k = min(budget, vocab_size)
     top_log_probs, top_tokens = _ddtree_top_k(draft_logits[:, :depth_limit], k)
+    # NaN rows (all logits -inf) become -inf once, so scores are finite or -inf below.
     log_probs = top_log_probs.double()
+    log_probs = torch.where(torch.isnan(log_probs), -math.inf, log_probs)
 
     # Rank paths packed into int64 words (rank + 1 per depth, 0 past the node's depth, most
     # significant depth first): comparing words compares rank paths lexicographically.
@@ -443,23 +448,27 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
     for _ in range(depth_limit):
         widths.append(min(budget, _ddtree_layout_size(widths[-1], k, budget)))
     total = sum(widths[1:])
-    root_uid = total
+    uids = torch.arange(total + 1, device=device)  # the root is uid `total`
+    layouts: Dict[int, _CandidateLayout] = {}
 
     frontier_scores = torch.zeros((bs, 1), dtype=torch.float64, device=device)
     frontier_lex = torch.zeros((bs, 1), dtype=torch.int64, device=device)
     frontier_words = torch.zeros((bs, 1, num_words), dtype=torch.int64, device=device)
-    frontier_uid = torch.full((bs, 1), root_uid, dtype=torch.int64, device=device)
-    exact = torch.ones((bs,), dtype=torch.bool, device=device)
+    frontier_uid = uids[total:].expand(bs, 1)
+    # Best score computed after a rounding event that the passes did not replay.
+    unreplayed = torch.full((bs,), -math.inf, dtype=torch.float64, device=device)
     level_scores: List[torch.Tensor] = []
     level_words: List[torch.Tensor] = []
     level_tokens: List[torch.Tensor] = []
     level_parents: List[torch.Tensor] = []
     offset = 0
     for depth in range(1, depth_limit + 1):
-        width = widths[depth]
-        layout = _ddtree_candidate_layout(
-            width=widths[depth - 1], k=k, budget=budget, device=device
-        )
+        width, parent_width = widths[depth], widths[depth - 1]
+        if parent_width not in layouts:
+            layouts[parent_width] = _ddtree_candidate_layout(
+                width=parent_width, k=k, budget=budget, device=device
+            )
+        layout = layouts[parent_width]
         parent_scores = frontier_scores[:, layout.parent_slot]
         cand_log_probs = log_probs[:, depth - 1, layout.rank]
         if depth == 1:
@@ -467,9 +476,10 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
             scores = parent_scores + cand_log_probs
         else:
             scores, unresolved = _ddtree_sibling_scores(
-                parent_scores, cand_log_probs, layout, widths[depth - 1], k
+                parent_scores, cand_log_probs, layout, parent_width, k
             )
-        scores = torch.where(torch.isfinite(scores), scores, -math.inf)
+            stale = torch.where(unresolved, scores, -math.inf).amax(dim=1)
+            unreplayed = torch.maximum(unreplayed, stale)
 
         # Order candidates by (score desc, rank path asc): sort by the path key, then stably
         # by score. The path key of (slot, r) is the parent's path position * K + r.
@@ -478,13 +488,8 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
         by_score = scores.gather(1, lex_order).sort(dim=1, descending=True, stable=True)
         pick = lex_order.gather(1, by_score.indices[:, :width])
         lex_position = torch.empty_like(lex_order).scatter_(
-            1, lex_order, torch.arange(layout.size, device=device).expand(bs, layout.size)
+            1, lex_order, layout.positions.expand(bs, layout.size)
         )
-        if depth > 1:
-            # Only unreplayed scores near this depth's cut can change the tree.
-            cut = by_score.values[:, width - 1 : width]
-            near_cut = scores >= cut - scores.abs() * _DDTREE_CUT_MARGIN
-            exact &= ~(unresolved & near_cut & torch.isfinite(scores)).any(dim=1)
         pick_slot = layout.parent_slot[pick]
         pick_rank = layout.rank[pick]
 
@@ -500,7 +505,7 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
         level_words.append(words)
         level_tokens.append(top_tokens[:, depth - 1].gather(1, pick_rank))
         level_parents.append(frontier_uid.gather(1, pick_slot))
-        frontier_uid = (offset + torch.arange(width, device=device)).expand(bs, width)
+        frontier_uid = uids[offset : offset + width].expand(bs, width)
         offset += width
 
     return _ddtree_merge_levels(
@@ -511,7 +516,7 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
         depths=torch.cat(
             [torch.full((w,), d, device=device) for d, w in enumerate(widths[1:], 1)]
         ),
-        exact=exact,
+        unreplayed=unreplayed,
         budget=budget,
         max_depth=depth_limit,
     )
@@ -524,7 +529,7 @@ def _ddtree_merge_levels(
     tokens: torch.Tensor,
     parent_uids: torch.Tensor,
     depths: torch.Tensor,
-    exact: torch.Tensor,
+    unreplayed: torch.Tensor,
     budget: int,
     max_depth: int,
 ) -> DDTreeBatch:
@@ -534,6 +539,7 @@ def _ddtree_merge_levels(
         scores, tokens, parent_uids: Shape: [bs, N]; node uid = column (the root is N).
         words: Packed rank paths. Shape: [bs, N, num_words].
         depths: Shape: [N].
+        unreplayed: Best score left after an unreplayed rounding event. Shape: [bs].
     """
     bs, total = scores.shape
     device = scores.device
@@ -547,6 +553,12 @@ def _ddtree_merge_levels(
     selected = order.gather(1, by_score.indices[:, :n_out])
     selected_scores = by_score.values[:, :n_out]
     valid = torch.isfinite(selected_scores)
+    # An unreplayed score (off by a few ulps at most) matters only near the final cut; its
+    # descendants score no higher than it does.
+    cut = selected_scores[:, -1]
+    exact = torch.isneginf(unreplayed) | (
+        unreplayed + unreplayed.abs() * _DDTREE_CUT_MARGIN < cut
+    )
 
     position = torch.zeros((bs, total + 1), dtype=torch.int64, device=device)
     position.scatter_(
