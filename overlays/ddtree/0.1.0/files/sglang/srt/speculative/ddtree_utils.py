@@ -109,8 +109,8 @@ class DDTreeBatch:
     scores: torch.Tensor
     # Shape: [bs], int64.
     num_nodes: torch.Tensor
-    # False where a sibling score may differ from the heap's in the last bits (see
-    # _DDTREE_SIBLING_FOLD_PASSES). Shape: [bs], bool.
+    # False where the tree may hinge on a score that differs from the heap's in its last
+    # bits (a rounding event left unreplayed, see _DDTREE_SIBLING_FOLD_PASSES). Shape: [bs].
     scores_exact: torch.Tensor
     budget: int
     # Deepest possible node: min(L, budget).
@@ -425,6 +425,8 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
         (score desc, rank path asc); the per-depth frontiers are then merged in that order,
         which is the heap's pop order. Equality with the heap assumes scores above -3.7e8
         (below that a float64 sibling step can round up by one ulp and reorder exact ties).
+        Cost: about 80 small kernels per depth plus the top-K over [bs, L, V] (an int64
+        key per vocabulary entry, for the device-independent tie order).
     """
     _check_draft_logits(draft_logits, dims=3, budget=budget)
     bs, length, vocab_size = draft_logits.shape
