@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +43,7 @@ import yaml
 from pydantic import BaseModel
 
 from sandbox.fleet import STANDIN, free_port, host_entry
-from sandbox.hosts import SandboxHost, build_host
+from sandbox.hosts import SGLANG_VERSION, SandboxHost, build_host
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
@@ -70,6 +71,8 @@ class Bench(BaseModel):
     overlay: str
     overlay_dir: Path
     server_args: list[str]
+    new_files: list[str]  # package-relative paths the overlay creates
+    patched: list[str]  # package-relative paths the overlay patches (for the hosts' release)
     inventory: Path
     files_inventory: Path
     env: dict[str, str]
@@ -131,8 +134,9 @@ def warm_compile_cache(host: SandboxHost, entry: dict[str, Any]) -> float:
     return time.monotonic() - started
 
 
-def package_digest(host: SandboxHost) -> str:
-    """sha256 over every file of sglang/ and its dist-info: path, mode and content (bytecode caches aside)."""
+def package_digest(host: SandboxHost, touched: list[str]) -> str:
+    """sha256 over the path, mode and size of every file of sglang/ and its dist-info, and the content of
+    each file the overlay touches (bytecode caches aside): a file added, left behind or patched differs."""
     h = hashlib.sha256()
     root = host.package_root
     for top in sorted(p for p in root.iterdir() if p.name == "sglang" or p.name.startswith("sglang-")):
@@ -140,8 +144,11 @@ def package_digest(host: SandboxHost) -> str:
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(files):
                 path = Path(folder, name)
-                h.update(f"{path.relative_to(root)}\0{path.lstat().st_mode}\0".encode())
-                h.update(path.read_bytes())
+                st = path.lstat()
+                h.update(f"{path.relative_to(root)}\0{st.st_mode}\0{st.st_size}\n".encode())
+    for relative in touched:
+        path = root / relative
+        h.update(path.read_bytes() if path.exists() else b"\0absent\0")
     return h.hexdigest()
 
 
@@ -244,8 +251,12 @@ control_path_dir = {out / "cp"}
         )
     lines += ["", "[eval:vars]", f"ansible_ssh_common_args='-F {fleet.ssh_config}'"]
     (out / "hosts.ini").write_text("\n".join(lines) + "\n")
-    diffs = sorted((bench.overlay_dir / "patches").rglob("*.diff"))
-    (out / "overlay.diff").write_text("".join(d.read_text() for d in diffs))
+    # the role's files/: the manifest's new files (the overlay folder may hold bytecode caches besides)
+    for relative in bench.new_files:
+        (out / "files" / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(bench.overlay_dir / "files" / relative, out / "files" / relative)
+    patches = bench.overlay_dir / "patches" / SGLANG_VERSION
+    (out / "overlay.diff").write_text("".join((patches / f"{p}.diff").read_text() for p in bench.patched))
     for name, tasks in playbooks(bench).items():
         play = [{"name": name, "hosts": "eval", "gather_facts": False, "tasks": tasks}]
         (out / f"{name}.yml").write_text(yaml.safe_dump(play, sort_keys=False, width=200))
@@ -260,7 +271,7 @@ def playbooks(bench: Bench) -> dict[str, list[dict[str, Any]]]:
     }
     copy = {
         "name": "copy the overlay's new files",
-        "ansible.builtin.copy": {"src": f"{bench.overlay_dir / 'files'}/", "dest": "{{ pkg_root }}/"},
+        "ansible.builtin.copy": {"src": f"{bench.ansible_dir / 'files'}/", "dest": "{{ pkg_root }}/"},
     }
     patch = {
         "name": "apply the overlay's patch set",
@@ -300,7 +311,10 @@ for i in $(seq 100); do
 done
 kill -KILL -- -$pgid; rm -f {{ work }}/server.pid
 """
-    return {"name": "stop the server: SIGTERM to its process group, SIGKILL after 5 s", "ansible.builtin.shell": {"cmd": script, "executable": "/bin/bash"}}
+    return {
+        "name": "stop the server: SIGTERM to its process group, SIGKILL after 5 s",
+        "ansible.builtin.shell": {"cmd": script, "executable": "/bin/bash"},
+    }
 
 
 def restart_tasks(extra_args: str) -> list[dict[str, Any]]:
@@ -313,7 +327,12 @@ def restart_tasks(extra_args: str) -> list[dict[str, Any]]:
         stop_task(),
         {
             "name": "wait until the port is free",
-            "ansible.builtin.wait_for": {"host": "127.0.0.1", "port": "{{ server_port }}", "state": "stopped", "timeout": 30},
+            "ansible.builtin.wait_for": {
+                "host": "127.0.0.1",
+                "port": "{{ server_port }}",
+                "state": "stopped",
+                "timeout": 30,
+            },
         },
         {"name": "start the server detached, in its own process group", "ansible.builtin.shell": start},
         {
@@ -370,15 +389,16 @@ class Expect(BaseModel):
 
 def check(bench: Bench, timing: Timing, expect: Expect) -> Timing:
     for name, host in bench.hosts.items():
-        if package_digest(host) != expect.digests[name]:
+        if package_digest(host, [*bench.new_files, *bench.patched]) != expect.digests[name]:
             raise SystemExit(f"{timing.tool} {timing.op}: {name}'s package is not in the expected state")
         if expect.serving and server_algorithm(bench.ports[name]) != expect.algorithm:
             raise SystemExit(f"{timing.tool} {timing.op}: {name}'s server does not run {expect.algorithm}")
+    print(f"  {timing.tool} {timing.op}: {timing.seconds:.2f}s, every host as expected", flush=True)
     return timing
 
 
 def digests(bench: Bench) -> dict[str, str]:
-    return {name: package_digest(host) for name, host in bench.hosts.items()}
+    return {name: package_digest(host, [*bench.new_files, *bench.patched]) for name, host in bench.hosts.items()}
 
 
 Runner = Callable[[str, str], Timing]  # (push | rollback, label) -> timing
@@ -519,6 +539,8 @@ def setup(folder: Path, fleet: Fleet, overlay: str, say: Callable[[str], None]) 
         overlay=overlay,
         overlay_dir=overlay_dir,
         server_args=manifest["server"]["args"],
+        new_files=manifest["files"],
+        patched=sorted(manifest["patches"][SGLANG_VERSION]),
         inventory=inventory,
         files_inventory=files_inventory,
         env=env,
