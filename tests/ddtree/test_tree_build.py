@@ -215,6 +215,23 @@ def test_batch_builder_replays_the_heaps_float64_rounding(dd: ModuleType) -> Non
     assert rounded > 0  # the case really exercises the fold replay
 
 
+@pytest.mark.parametrize("passes", [0, 1])
+def test_fewer_fold_passes_never_diverge_silently(dd: ModuleType, passes: int) -> None:
+    rng = torch.Generator().manual_seed(1)
+    diverged = 0
+    for trial in range(40):
+        logits = engineered_rounding_logits(rng)
+        budget = [60, 150, 400, 2000][trial % 4]
+        batch = dd.build_ddtree_batch(logits[None], budget, sibling_fold_passes=passes)
+        single = dd.build_ddtree_tree(logits, budget)
+        same = all(torch.equal(getattr(single, f), getattr(batch.tree(0), f)) for f in ("tokens", "parents", "scores"))
+        diverged += not same
+        assert same or not bool(batch.scores_exact[0]), trial
+    assert diverged > 0  # the flag had something to catch
+    with pytest.raises(ValueError, match="sibling_fold_passes"):
+        dd.build_ddtree_batch(logits[None], 4, sibling_fold_passes=-1)
+
+
 # --------------------------------------------------------------------------- no host sync
 class _NoHostSync(TorchDispatchMode):
     """Fails on ops that read tensor data on the host or have data-dependent shapes."""

@@ -52,9 +52,9 @@ __all__ = [
 ]
 
 # Sibling scores in the heap are computed from the previous sibling, so a float64 rounding in
-# one step carries into the later siblings. The batch builder replays such roundings with this
-# many correction passes per depth; a tree that depends on more events than that is reported
-# through ``DDTreeBatch.scores_exact``. Events need float64 sums whose bits span more than
+# one step carries into the later siblings. By default the batch builder replays such roundings
+# with this many correction passes per depth; a tree that depends on more events than that is
+# reported through ``DDTreeBatch.scores_exact``. Events need float64 sums whose bits span more than
 # 53 binary digits (near-certain draft tokens on paths scoring below about -100); none were
 # seen on random logits.
 _DDTREE_SIBLING_FOLD_PASSES = 2
@@ -353,6 +353,7 @@ def _ddtree_sibling_scores(
     layout: _CandidateLayout,
     width: int,
     k: int,
+    passes: int,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Candidate scores with the heap's float64 arithmetic.
 
@@ -379,7 +380,7 @@ def _ddtree_sibling_scores(
         event = (back != u) & pending
         return _ddtree_segment_min(torch.where(event, rank, k), layout, width, k)
 
-    for _ in range(_DDTREE_SIBLING_FOLD_PASSES):
+    for _ in range(passes):
         back = scores - log_probs
         first = first_event(back)
         later = rank > first
@@ -407,12 +408,20 @@ def _ddtree_root_only_batch(bs: int, budget: int, device: torch.device) -> DDTre
     )
 
 
-def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
+def build_ddtree_batch(
+    draft_logits: torch.Tensor,
+    budget: int,
+    *,
+    sibling_fold_passes: int = _DDTREE_SIBLING_FOLD_PASSES,
+) -> DDTreeBatch:
     """Build the draft trees of a batch on the logits' device, without host synchronisation.
 
     Args:
         draft_logits: Shape: [bs, L, V], any float dtype, any device.
         budget: Number of draft nodes per request, root excluded (static per CUDA graph).
+        sibling_fold_passes: Rounding events of the heap's sibling steps replayed per depth
+            (about 15 kernels each). With fewer, trees that hinge on an unreplayed event are
+            still detected: ``scores_exact`` is False for them.
 
     Returns:
         A ``DDTreeBatch`` padded to ``budget`` nodes; request b holds the same nodes, in the
@@ -429,6 +438,10 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
         key per vocabulary entry, for the device-independent tie order).
     """
     _check_draft_logits(draft_logits, dims=3, budget=budget)
+    if sibling_fold_passes < 0:
+        raise ValueError(
+            f"sibling_fold_passes must be non-negative, got {sibling_fold_passes}."
+        )
     bs, length, vocab_size = draft_logits.shape
     device = draft_logits.device
     depth_limit = min(length, max(budget, 0))
@@ -478,7 +491,7 @@ def build_ddtree_batch(draft_logits: torch.Tensor, budget: int) -> DDTreeBatch:
             scores = parent_scores + cand_log_probs
         else:
             scores, unresolved = _ddtree_sibling_scores(
-                parent_scores, cand_log_probs, layout, parent_width, k
+                parent_scores, cand_log_probs, layout, parent_width, k, sibling_fold_passes
             )
             stale = torch.where(unresolved, scores, -math.inf).amax(dim=1)
             unreplayed = torch.maximum(unreplayed, stale)
