@@ -158,12 +158,15 @@ def test_summary_and_prefix_closed_check(dd: ModuleType) -> None:
     logits[:, 4] = 3.0
     logits[:, 6] = 2.9
     tree = dd.build_ddtree_tree(logits, 7)
-    accepted, _ = dd.follow_verified_tree(tree, torch.tensor([4, 6] + [9] * 6))
-    summary = dd.summarize_ddtree(tree, accepted)
+    picks = torch.tensor([4, 6] + [9] * 6)
+    accepted, _ = dd.follow_verified_tree(tree, picks)
+    summary = dd.summarize_ddtree(tree, accepted, picks)
     assert summary["budget"] == 7 and summary["nodes"] == 7
     assert summary["nodes_per_depth"] == [2, 4, 1] and summary["max_depth"] == 3
     assert summary["leaves"] == 4 and summary["max_branching"] == 2
     assert summary["accepted_nodes"] == 2 and summary["accepted_depth"] == 2 and summary["accept_length"] == 3
+    # Depth 1: the target took the draft's top token (4); depth 2: the runner-up (6), a leaf.
+    assert summary["top1_agreement"] == [True, False]
     dd.assert_prefix_closed(tree)
     broken = dd.DDTree(**{**tree.__dict__, "parents": torch.tensor([-1, 0, 0, 1, 5, 2, 2, 3])})
     with pytest.raises(AssertionError, match="node 4: parent 5"):

@@ -754,20 +754,30 @@ def follow_verified_tree_batch(
 
 # --------------------------------------------------------------------------- metrics, checks
 def summarize_ddtree(
-    tree: DDTree, accepted_indices: Optional[torch.Tensor] = None
+    tree: DDTree,
+    accepted_indices: Optional[torch.Tensor] = None,
+    target_tokens: Optional[torch.Tensor] = None,
 ) -> Dict[str, Any]:
     """Shape and acceptance metrics of one tree (host side, for debug logging).
 
+    Args:
+        tree: One request's tree.
+        accepted_indices: The walk's path (root first), from ``follow_verified_tree``.
+        target_tokens: The target's pick at every node, root first. Shape: [n + 1].
+
     Returns:
         budget, nodes, max_depth, leaves, branching (mean children of internal nodes, root
-        included), max_branching, nodes_per_depth, and with ``accepted_indices``:
-        accepted_nodes, accepted_depth and accept_length.
+        included), max_branching, nodes_per_depth; with ``accepted_indices``: accepted_nodes,
+        accepted_depth and accept_length; with both: top1_agreement, one bool per depth
+        along the path (did the target pick the draft's rank-0 child, i.e. the first child).
     """
     parents: List[int] = tree.parents.tolist()
     depths: List[int] = tree.depths.tolist()
     children = [0] * len(parents)
-    for parent in parents[1:]:
-        children[parent] += 1
+    first_child = [0] * len(parents)
+    for node in range(len(parents) - 1, 0, -1):
+        children[parents[node]] += 1
+        first_child[parents[node]] = node  # ends at the smallest index: the rank-0 child
     internal = [c for c in children if c > 0]
     max_depth = max(depths, default=0)
     summary: Dict[str, Any] = {
@@ -784,6 +794,14 @@ def summarize_ddtree(
         summary["accepted_nodes"] = len(path) - 1
         summary["accepted_depth"] = depths[path[-1] - 1] if len(path) > 1 else 0
         summary["accept_length"] = len(path)
+        if target_tokens is not None:
+            picks: List[int] = target_tokens.tolist()
+            tokens: List[int] = tree.tokens.tolist()
+            summary["top1_agreement"] = [
+                tokens[first_child[node] - 1] == picks[node]
+                for node in path
+                if children[node] > 0
+            ]
     return summary
 
 
