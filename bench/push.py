@@ -20,7 +20,7 @@ every file of sglang/ and its dist-info equals the pristine tree after a rollbac
 ddtree-deploy's cold push made after a push (for Ansible too), and the server runs the expected
 speculative algorithm. Ratios are Ansible seconds / ddtree-deploy seconds, measured in this run, with
 the rounds of the two tools interleaved (see `measure`) and each one's load average printed beside it.
-Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.2.0] [--keep]`.
+Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.1.0] [--keep]`.
 """
 
 from __future__ import annotations
@@ -404,6 +404,12 @@ def check(bench: Bench, timing: Timing, expect: Expect) -> Timing:
     return timing
 
 
+def speculative_algorithm(server_args: list[str]) -> str | None:
+    """What the server reports as `speculative_algorithm` when started with the overlay's args (None: not set)."""
+    flag = "--speculative-algorithm"
+    return server_args[server_args.index(flag) + 1] if flag in server_args else None
+
+
 def digests(bench: Bench) -> dict[str, str]:
     return {name: package_digest(host, [*bench.new_files, *bench.patched]) for name, host in bench.hosts.items()}
 
@@ -444,7 +450,8 @@ def measure(bench: Bench, say: Callable[[str], None]) -> list[Timing]:
     pushed = digests(bench)
     if pushed == pristine:
         raise SystemExit("the push changed no package")
-    serving = (Expect(digests=pushed, serving=True, algorithm="DDTREE"), Expect(digests=pristine, serving=True))
+    algorithm = speculative_algorithm(bench.server_args)
+    serving = (Expect(digests=pushed, serving=True, algorithm=algorithm), Expect(digests=pristine, serving=True))
     files = (Expect(digests=pushed, serving=False), Expect(digests=pristine, serving=False))
     timings = [check(bench, cold, serving[0]), check(bench, full_d("rollback", "rollback (cold)"), serving[1])]
     ddtree(bench, bench.inventory, "stop", "stop")  # hand the servers to Ansible (untimed)
@@ -504,7 +511,7 @@ def print_report(timings: list[Timing]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--overlay", default="ddtree@0.2.0", help="NAME@VERSION under overlays/")
+    parser.add_argument("--overlay", default="ddtree@0.1.0", help="NAME@VERSION under overlays/")
     parser.add_argument("--keep", action="store_true", help="keep the bench folder (printed) for inspection")
     opts = parser.parse_args(argv)
     began = time.monotonic()
