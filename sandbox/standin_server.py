@@ -22,6 +22,7 @@ Test switches (argument, or the environment variable DDTREE_STANDIN_<NAME upper-
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -334,6 +335,25 @@ def arm_crash(after_s: float) -> None:
     threading.Thread(target=crash, daemon=True).start()
 
 
+def server_args_defaults(pkg: str) -> Dict[str, Any]:
+    """Literal defaults of the `ServerArgs` dataclass fields in the host's own server_args.py."""
+    try:
+        with open(os.path.join(pkg, "srt", "server_args.py"), "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError):
+        return {}
+    defaults: Dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "ServerArgs":
+            for field in node.body:
+                if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and field.value is not None:
+                    try:
+                        defaults[field.target.id] = ast.literal_eval(field.value)
+                    except ValueError:
+                        continue  # a default computed at run time: SGLang resolves it, we do not
+    return defaults
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = dict(DEFAULTS, **parse_args(sys.argv[1:] if argv is None else argv))
     log("server_args=%s" % json.dumps(args, sort_keys=True))
@@ -350,6 +370,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (SyntaxError, ImportError, OSError) as exc:
         fatal(exc)
     log("loaded sglang %s from %s (%d modules compiled)" % (version, pkg, compiled))
+    # Like SGLang's ServerArgs: a field an overlay added resolves to its default when not given.
+    args = dict(DEFAULTS, **dict(server_args_defaults(pkg), **parse_args(sys.argv[1:] if argv is None else argv)))
     if switch(args, "standin_compile_only", False):
         return 0
     children = fork_children(int(switch(args, "fork_children", 0)), ignore_sigterm)
