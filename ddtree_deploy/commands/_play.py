@@ -9,9 +9,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ddtree_deploy import history, playbook
+from ddtree_deploy import output as out
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, operator
 from ddtree_deploy.inventory import HostSpec, Inventory
-from ddtree_deploy.output import ExitCode, console, err_console
 from ddtree_deploy.overlay import Overlay
 from ddtree_deploy.playbook import Playbook, PlaybookReport
 from ddtree_deploy.steps import HostRun, RunOptions
@@ -19,8 +19,8 @@ from ddtree_deploy.transport import Transport
 
 #: playbook outcome -> exit code (the worst host decides)
 OUTCOME_EXIT = {
-    "ok": ExitCode.OK, "noop": ExitCode.OK, "dry_run": ExitCode.OK,
-    "refused": ExitCode.FAILED, "rolled_back": ExitCode.FAILED, "failed": ExitCode.HOST_NEEDS_ATTENTION,
+    "ok": out.ExitCode.OK, "noop": out.ExitCode.OK, "dry_run": out.ExitCode.OK,
+    "refused": out.ExitCode.FAILED, "rolled_back": out.ExitCode.FAILED, "failed": out.ExitCode.HOST_NEEDS_ATTENTION,
 }
 _STYLE = {"ok": "green", "noop": "green", "dry_run": "cyan", "refused": "yellow", "rolled_back": "yellow",
           "failed": "bold red"}
@@ -43,24 +43,24 @@ def run_playbook(
     return report
 
 
-def exit_code(report: FleetReport[PlaybookReport]) -> ExitCode:
-    codes = [ExitCode.OK]
+def exit_code(report: FleetReport[PlaybookReport]) -> out.ExitCode:
+    codes = [out.ExitCode.OK]
     for row in report.hosts:
         if row.result is not None:
             codes.append(_row_code(row.result))
         elif row.error is not None:
-            codes.append(ExitCode.HOST_NEEDS_ATTENTION if row.error.code == "locked" else ExitCode.FAILED)
+            codes.append(out.ExitCode.HOST_NEEDS_ATTENTION if row.error.code == "locked" else out.ExitCode.FAILED)
     return max(codes)
 
 
-def _row_code(result: PlaybookReport) -> ExitCode:
+def _row_code(result: PlaybookReport) -> out.ExitCode:
     failed = next((s for s in result.steps if s.status == "failed"), None)
     if result.outcome == "refused" and failed is not None:
         if failed.bad_input:
-            return ExitCode.BAD_INPUT
+            return out.ExitCode.BAD_INPUT
         if failed.code in ("locked", "journal_open"):
-            return ExitCode.HOST_NEEDS_ATTENTION
-    return OUTCOME_EXIT.get(result.outcome, ExitCode.FAILED)
+            return out.ExitCode.HOST_NEEDS_ATTENTION
+    return OUTCOME_EXIT.get(result.outcome, out.ExitCode.FAILED)
 
 
 def render(report: FleetReport[PlaybookReport]) -> None:
@@ -68,14 +68,14 @@ def render(report: FleetReport[PlaybookReport]) -> None:
     for row in report.hosts:
         if row.result is None:
             message = row.error.message if row.error else "skipped (earlier wave failed)"
-            console.print(f"[bold]{row.host}[/]: [red]{message}[/]")
+            out.console.print(f"[bold]{row.host}[/]: [red]{message}[/]")
             if row.error and row.error.hint:
-                console.print(f"  [dim]hint:[/] {row.error.hint}")
+                out.console.print(f"  [dim]hint:[/] {row.error.hint}")
             continue
         r = row.result
-        console.print(f"[bold]{r.host}[/]: [{_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]"
+        out.console.print(f"[bold]{r.host}[/]: [{_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]"
                       + (f" (failed at {r.failed_step}: {r.reason})" if r.failed_step else ""), soft_wrap=True)
-        console.print(_steps_table(r))
+        out.console.print(_steps_table(r))
         _render_evidence(r)
 
 
@@ -93,15 +93,15 @@ def _steps_table(r: PlaybookReport) -> Table:
 def _render_evidence(r: PlaybookReport) -> None:
     diff = r.summary.get("diff")
     if diff:
-        console.print(diff, markup=False, highlight=False, soft_wrap=True)
+        out.console.print(diff, markup=False, highlight=False, soft_wrap=True)
     tail = _log_tail(r)
     if tail:
-        console.print("  [dim]server log, last lines:[/]")
+        out.console.print("  [dim]server log, last lines:[/]")
         for line in tail[-15:]:
-            console.print(Text.assemble(("  | ", "dim"), line), soft_wrap=True)
+            out.console.print(Text.assemble(("  | ", "dim"), line), soft_wrap=True)
     if r.outcome in ("rolled_back", "failed"):
         state = "healthy" if r.healthy else ("UNHEALTHY" if r.healthy is False else "health unknown (no service)")
-        console.print(f"  host is now [bold]{state}[/]")
+        out.console.print(f"  host is now [bold]{state}[/]")
 
 
 def _log_tail(r: PlaybookReport) -> list[str]:
@@ -115,14 +115,14 @@ class _Progress:
     """A spinner on stderr naming each host's current step (silent with --json or off a terminal)."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and err_console.is_terminal
+        self.enabled = enabled and out.err_console.is_terminal
         self.current: dict[str, str] = {}
         self.lock = threading.Lock()
         self.status: Any = None
 
     def __enter__(self) -> _Progress:
         if self.enabled:
-            self.status = err_console.status("starting")
+            self.status = out.err_console.status("starting")
             self.status.__enter__()
         return self
 

@@ -9,22 +9,10 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ddtree_deploy import output as out
 from ddtree_deploy.abi import AbiMatrix, Fingerprint, HostColumn, build_matrix, errors_of
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    ExitCode,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    console,
-    emit,
-    errors_rendered,
-    progress,
-)
 from ddtree_deploy.transport import Transport
 
 DeepOption = Annotated[
@@ -33,13 +21,13 @@ DeepOption = Annotated[
 
 
 def abi(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
-    inventory: InventoryOption = None,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
+    inventory: out.InventoryOption = None,
     deep: DeepOption = False,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Compare the selected hosts' python, torch/CUDA, sglang stack, driver and GPUs (default: all hosts).
 
@@ -47,14 +35,14 @@ def abi(
     inconsistent (a package pins another torch, the driver is too old for the CUDA variant, an
     import fails with --deep) or a host is unreachable.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        with progress("reading fingerprints", as_json):
+        with out.progress("reading fingerprints", as_json):
             work = partial(read_fingerprint, deep=deep)
             report = fan_out(inv, hosts, "abi", work, FleetOptions(accept_new_host_key=accept_new_host_key))
         matrix = build_matrix(_columns(report))
-    emit(matrix, as_json=as_json, human=_render, code=ExitCode.OK if matrix.consistent else ExitCode.FAILED)
+    out.emit(matrix, as_json=as_json, human=_render, code=out.ExitCode.OK if matrix.consistent else out.ExitCode.FAILED)
 
 
 def read_fingerprint(transport: Transport, *, deep: bool = False) -> Fingerprint:
@@ -84,13 +72,13 @@ def _render(matrix: AbiMatrix) -> None:
         cells = [_cell(row.values[h]) for h in matrix.hosts]
         label = f"{escape(row.field)} [yellow]*[/]" if row.differs else escape(row.field)
         table.add_row(label, *cells, style=style)
-    console.print(table)
+    out.console.print(table)
     if any(row.differs for row in matrix.rows):
-        console.print("[yellow]*[/] the hosts differ in this field")
+        out.console.print("[yellow]*[/] the hosts differ in this field")
     for column in matrix.columns:
         _render_column_problems(column)
     if matrix.consistent:
-        console.print("[green]every host's stack is consistent[/]")
+        out.console.print("[green]every host's stack is consistent[/]")
 
 
 def _cell(value: str | None) -> str:
@@ -100,14 +88,14 @@ def _cell(value: str | None) -> str:
 def _render_column_problems(column: HostColumn) -> None:
     if column.error is not None:
         # the message already names the host (DeployError's str)
-        console.print(f"[red]x {escape(column.error['message'])}[/]", soft_wrap=True)
+        out.console.print(f"[red]x {escape(column.error['message'])}[/]", soft_wrap=True)
         if column.error.get("hint"):
-            console.print(f"  [dim]hint:[/] {escape(column.error['hint'])}", soft_wrap=True)
+            out.console.print(f"  [dim]hint:[/] {escape(column.error['hint'])}", soft_wrap=True)
         return
     for problem in column.problems:
         colour, mark = ("red", "x") if problem.severity == "error" else ("yellow", "!")
-        console.print(f"[{colour}]{mark} {escape(problem.line())}[/]", soft_wrap=True)
+        out.console.print(f"[{colour}]{mark} {escape(problem.line())}[/]", soft_wrap=True)
         if problem.hint:
-            console.print(f"  [dim]hint:[/] {escape(problem.hint)}", soft_wrap=True)
+            out.console.print(f"  [dim]hint:[/] {escape(problem.hint)}", soft_wrap=True)
     if not errors_of(column.problems) and column.problems:
-        console.print(f"[green]{escape(column.host)}: stack consistent (warnings only)[/]")
+        out.console.print(f"[green]{escape(column.host)}: stack consistent (warnings only)[/]")

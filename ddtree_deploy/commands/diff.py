@@ -11,73 +11,62 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ddtree_deploy import output as out
 from ddtree_deploy import snapshot
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    ExitCode,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    console,
-    emit,
-    errors_rendered,
-)
 
 DeepOption = Annotated[bool, typer.Option("--deep", help="Re-hash every file instead of trusting unchanged stat data.")]
 
 
 def diff(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
-    inventory: InventoryOption = None,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
+    inventory: out.InventoryOption = None,
     deep: DeepOption = False,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Compare installed sglang files with the deployed state (base snapshot plus overlay), file by file.
 
     Exit codes: 0 no drift anywhere; 1 a host could not be read; 3 a host drifted or has an open journal.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         options = FleetOptions(accept_new_host_key=accept_new_host_key)
         report = fan_out(inv, hosts, "diff", partial(snapshot.verify, deep=deep), options)
-    emit(report, as_json=as_json, human=_render, code=diff_exit_code(report))
+    out.emit(report, as_json=as_json, human=_render, code=diff_exit_code(report))
 
 
-def diff_exit_code(report: FleetReport[snapshot.DriftReport]) -> ExitCode:
+def diff_exit_code(report: FleetReport[snapshot.DriftReport]) -> out.ExitCode:
     if any(row.result is not None and (not row.result.clean or row.result.journal_open) for row in report.hosts):
-        return ExitCode.HOST_NEEDS_ATTENTION
-    return ExitCode.FAILED if report.failed else ExitCode.OK
+        return out.ExitCode.HOST_NEEDS_ATTENTION
+    return out.ExitCode.FAILED if report.failed else out.ExitCode.OK
 
 
 def _render(report: FleetReport[snapshot.DriftReport]) -> None:
     for row in report.hosts:
         if row.result is None:
-            console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")
             continue
         drift = row.result
         against = f"snapshot {drift.baseline}" + (f" + {drift.overlay}" if drift.overlay else "")
         if drift.journal_open:
-            console.print(f"[bold]{row.host}[/]: [red]open journal[/]: an operation was interrupted; "
+            out.console.print(f"[bold]{row.host}[/]: [red]open journal[/]: an operation was interrupted; "
                           "run `ddtree-deploy rollback`")
         if drift.baseline is None:
-            console.print(f"[bold]{row.host}[/]: nothing deployed yet, nothing to compare")
+            out.console.print(f"[bold]{row.host}[/]: nothing deployed yet, nothing to compare")
         elif drift.clean:
-            console.print(f"[bold]{row.host}[/]: [green]no drift[/] ({drift.checked} files against {against})")
+            out.console.print(f"[bold]{row.host}[/]: [green]no drift[/] ({drift.checked} files against {against})")
         else:
             table = Table(title=f"{row.host}: {len(drift.files)} files drifted from {against}", title_justify="left")
             for column in ("path", "change", "expected", "found"):
                 table.add_column(column, overflow="fold")
             for entry in drift.files:
                 table.add_row(entry.path, entry.kind, _short(entry.expected), _short(entry.actual))
-            console.print(table)
+            out.console.print(table)
 
 
 def _short(entry: dict[str, object] | None) -> str:

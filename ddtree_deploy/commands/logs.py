@@ -7,42 +7,31 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from ddtree_deploy import output as out
 from ddtree_deploy import service
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, operator
 from ddtree_deploy.inventory import HostSpec, Inventory, load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    ExitCode,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    console,
-    emit,
-    errors_rendered,
-)
 from ddtree_deploy.service import LogChunk
 from ddtree_deploy.transport import Transport, transport_for
 
 
 def logs(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
     lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="How many of the last lines to show.")] = 40,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between reads with --follow.")] = 1.0,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    inventory: out.InventoryOption = None,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Show the server log of the selected hosts (process log file, or the unit's journal for systemd).
 
     With several hosts every line is prefixed with its host. Exit codes: 0 shown; 1 a host failed.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         if follow and as_json:
             raise UsageError("--follow streams text and cannot be combined with --json",
                              hint="drop --follow to get the last lines as JSON")
@@ -50,9 +39,9 @@ def logs(
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
         report = fan_out(inv, hosts, "logs", lambda t: service.logs(t, n=lines),
                          FleetOptions(accept_new_host_key=accept_new_host_key))
-    code = ExitCode.FAILED if report.failed else ExitCode.OK
+    code = out.ExitCode.FAILED if report.failed else out.ExitCode.OK
     if not follow:
-        emit(report, as_json=as_json, human=_render, code=code)
+        out.emit(report, as_json=as_json, human=_render, code=code)
     _render(report)
     _follow(inv, hosts, report, interval, accept_new_host_key)
 
@@ -61,14 +50,14 @@ def _render(report: FleetReport[LogChunk]) -> None:
     prefix = len(report.hosts) > 1
     for row in report.hosts:
         if row.result is None:
-            console.print(f"{row.host}: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.console.print(f"{row.host}: [red]{row.error.message if row.error else 'skipped'}[/]")
         else:
             _print_lines(row.host, row.result.text.splitlines(), prefix)
 
 
 def _print_lines(host: str, lines: list[str], prefix: bool) -> None:
-    for line in lines:  # console.out: a log line is text, never rich markup
-        console.out(f"{host} | {line}" if prefix else line, highlight=False)
+    for line in lines:  # out.console.out: a log line is text, never rich markup
+        out.console.out(f"{host} | {line}" if prefix else line, highlight=False)
 
 
 def _follow(inv: Inventory, hosts: list[HostSpec], report: FleetReport[LogChunk], interval: float,
@@ -83,7 +72,7 @@ def _follow(inv: Inventory, hosts: list[HostSpec], report: FleetReport[LogChunk]
     partial = dict.fromkeys(followed, "")
     prefix = len(report.hosts) > 1
     try:
-        with errors_rendered(False):
+        with out.errors_rendered(False):
             while True:
                 time.sleep(interval)
                 for name, (transport, offset) in followed.items():
@@ -92,7 +81,7 @@ def _follow(inv: Inventory, hosts: list[HostSpec], report: FleetReport[LogChunk]
                     *complete, partial[name] = (partial[name] + chunk.text).split("\n")
                     _print_lines(name, complete, prefix)
     except KeyboardInterrupt:
-        raise typer.Exit(int(ExitCode.OK)) from None
+        raise typer.Exit(int(out.ExitCode.OK)) from None
     finally:
         for transport, _ in followed.values():
             transport.close()

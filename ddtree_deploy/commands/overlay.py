@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from rich.markup import escape
 from rich.table import Table
 
+from ddtree_deploy import output as out
 from ddtree_deploy.errors import OverlayError
-from ddtree_deploy.output import ExitCode, JsonOption, console, emit, errors_rendered, progress
 from ddtree_deploy.overlay import (
     OVERLAYS_ENV,
     Overlay,
@@ -48,16 +48,16 @@ class OverlayCheckReport(BaseModel):
 
 
 @app.command("list")
-def list_command(overlays: OverlaysOption = None, as_json: JsonOption = False) -> None:
+def list_command(overlays: OverlaysOption = None, as_json: out.JsonOption = False) -> None:
     """Show every overlay version: description, supported sglang releases, files, patches, artifacts.
 
     Exit codes: 0 all valid; 2 an overlay version is invalid (its row says why).
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         folder = overlays_path(overlays)
         result = OverlayList(folder=str(folder), overlays=list_overlays(folder))
     broken = any(row.error for row in result.overlays)
-    emit(result, as_json=as_json, human=_render_list, code=ExitCode.BAD_INPUT if broken else ExitCode.OK)
+    out.emit(result, as_json=as_json, human=_render_list, code=out.ExitCode.BAD_INPUT if broken else out.ExitCode.OK)
 
 
 @app.command("check")
@@ -70,20 +70,20 @@ def check_command(
                        "A release the overlay does not support yet gets its newest patch set (a rebase check).")]
     = None,
     overlays: OverlaysOption = None,
-    as_json: JsonOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Apply each patch set to its pristine release (downloaded once with pip), report conflicts by file and
     hunk, and byte-compile the result.
 
     Exit codes: 0 everything applies and compiles; 1 a conflict or a compile error; 2 a bad overlay.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         folder = overlays_path(overlays)
         targets = [load_overlay(spec, folder)] if spec else _every_version(folder)
-        with progress("applying patches to pristine releases", as_json):
+        with out.progress("applying patches to pristine releases", as_json):
             checks = [check_overlay(overlay, base) for overlay in targets]
     report = OverlayCheckReport(ok=all(c.ok for c in checks), checks=checks)
-    emit(report, as_json=as_json, human=_render_check, code=ExitCode.OK if report.ok else ExitCode.FAILED)
+    out.emit(report, as_json=as_json, human=_render_check, code=out.ExitCode.OK if report.ok else out.ExitCode.FAILED)
 
 
 def _every_version(folder: Path) -> list[Overlay]:
@@ -105,7 +105,7 @@ def _render_list(result: OverlayList) -> None:
         else:
             table.add_row(label, ", ".join(row.bases), str(row.files), str(row.patches),
                           ", ".join(row.artifacts) or "-", escape(row.description))
-    console.print(table)
+    out.console.print(table)
 
 
 def _render_check(report: OverlayCheckReport) -> None:
@@ -114,12 +114,12 @@ def _render_check(report: OverlayCheckReport) -> None:
             source = f" (patches from {base.patches_from})" if base.patches_from != base.base else ""
             head = f"{check.overlay}@{check.version} on sglang {base.base}{source}"
             if base.ok:
-                console.print(f"[green]ok[/] {head}: {len(base.patched)} patches applied, {base.compiled} files compile")
+                out.console.print(f"[green]ok[/] {head}: {len(base.patched)} patches applied, {base.compiled} files compile")
             else:
-                console.print(f"[red]FAILED[/] {head}")
+                out.console.print(f"[red]FAILED[/] {head}")
             for conflict in base.conflicts:
-                console.print(f"  conflict: {escape(conflict.text())}")
+                out.console.print(f"  conflict: {escape(conflict.text())}")
             for error in base.compile_errors:
-                console.print(f"  does not compile: {escape(error)}")
+                out.console.print(f"  does not compile: {escape(error)}")
             for note in base.notes:
-                console.print(f"  [dim]note: {escape(note)}[/]")
+                out.console.print(f"  [dim]note: {escape(note)}[/]")

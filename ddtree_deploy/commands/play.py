@@ -7,42 +7,33 @@ from typing import Annotated
 
 import typer
 
+from ddtree_deploy import output as out
 from ddtree_deploy import playbook
 from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.commands.push import OverlaysDirOption
 from ddtree_deploy.fleet import FleetOptions
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    emit,
-    errors_rendered,
-)
 from ddtree_deploy.overlay import load_overlay, overlays_path
 from ddtree_deploy.steps import RunOptions
 
 
 def play(
     file: Annotated[str, typer.Argument(help="Playbook YAML, or the name of a built-in (push, rollback, restart).")],
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
     overlay: Annotated[str | None, typer.Option("--overlay", "-o", help="NAME[@VERSION] for plan/apply.")] = None,
     overlays: OverlaysDirOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
     force: Annotated[bool, typer.Option("--force")] = False,
     no_rollback: Annotated[bool, typer.Option("--no-rollback")] = False,
     to: Annotated[str | None, typer.Option("--to", help="Snapshot id for restore steps.")] = None,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    inventory: out.InventoryOption = None,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Run a playbook's steps on the selected hosts; unknown steps or arguments are refused before any host is touched."""
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         book = playbook.load_playbook(Path(file)) if Path(file).exists() else playbook.builtin(file)
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
@@ -51,4 +42,4 @@ def play(
                              dry_run=dry_run, force=force, no_rollback=no_rollback, to_snapshot=to)
         report = run_playbook(inv, hosts, book, options, the_overlay,
                               FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
-    emit(report, as_json=as_json, human=render, code=exit_code(report))
+    out.emit(report, as_json=as_json, human=render, code=exit_code(report))

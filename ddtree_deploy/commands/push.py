@@ -6,20 +6,11 @@ from typing import Annotated
 
 import typer
 
+from ddtree_deploy import output as out
 from ddtree_deploy import playbook
 from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.fleet import FleetOptions
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    emit,
-    errors_rendered,
-)
 from ddtree_deploy.overlay import load_overlay, overlays_path
 from ddtree_deploy.steps import RunOptions
 
@@ -34,9 +25,9 @@ MaxFailOption = Annotated[
 
 
 def push(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
     overlay: OverlayOption = "ddtree",
     overlays: OverlaysDirOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan as a diff; change nothing.")] = False,
@@ -44,9 +35,9 @@ def push(
     no_rollback: Annotated[bool, typer.Option("--no-rollback", help="On failure, leave the host as it failed.")] = False,
     wave_size: WaveOption = 0,
     max_failures: MaxFailOption = None,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    inventory: out.InventoryOption = None,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Deploy an overlay to the selected hosts, in parallel; any failure after the snapshot rolls back.
 
@@ -54,7 +45,7 @@ def push(
     and rolled back with the host healthy; 2 bad input; 3 a host is left unhealthy, locked or with an
     open journal.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
         the_overlay = load_overlay(overlay, overlays_path(overlays))
@@ -64,4 +55,4 @@ def push(
                                      max_failures=max_failures)
         report = run_playbook(inv, hosts, playbook.builtin("push"), options, the_overlay, fleet_options,
                               as_json=as_json)
-    emit(report, as_json=as_json, human=render, code=exit_code(report))
+    out.emit(report, as_json=as_json, human=render, code=exit_code(report))

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ddtree_deploy import output as out
 from ddtree_deploy import playbook
 from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.fleet import FleetOptions
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    emit,
-    errors_rendered,
-)
 from ddtree_deploy.steps import RunOptions
 
 
@@ -25,19 +16,19 @@ def _builtin_playbook_command(name: str, doc: str) -> Callable[..., None]:
     """A command that plays the built-in playbook `name` on the selected hosts, with no options of its own."""
 
     def command(
-        host: HostOption = None,
-        group: GroupOption = None,
-        all_hosts: AllOption = False,
-        inventory: InventoryOption = None,
-        accept_new_host_key: AcceptNewHostKeyOption = False,
-        as_json: JsonOption = False,
+        host: out.HostOption = None,
+        group: out.GroupOption = None,
+        all_hosts: out.AllOption = False,
+        inventory: out.InventoryOption = None,
+        accept_new_host_key: out.AcceptNewHostKeyOption = False,
+        as_json: out.JsonOption = False,
     ) -> None:
-        with errors_rendered(as_json):
+        with out.errors_rendered(as_json):
             inv = load_inventory(inventory)
             hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
             report = run_playbook(inv, hosts, playbook.builtin(name), RunOptions(), None,
                                   FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
-        emit(report, as_json=as_json, human=render, code=exit_code(report))
+        out.emit(report, as_json=as_json, human=render, code=exit_code(report))
 
     command.__doc__ = doc
     command.__name__ = name

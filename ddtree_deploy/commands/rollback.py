@@ -6,43 +6,34 @@ from typing import Annotated
 
 import typer
 
+from ddtree_deploy import output as out
 from ddtree_deploy import playbook
 from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.commands.push import OverlaysDirOption
 from ddtree_deploy.fleet import FleetOptions
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    emit,
-    errors_rendered,
-)
 from ddtree_deploy.steps import RunOptions
 
 
 def rollback(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
     to: Annotated[str | None, typer.Option("--to", help="Snapshot id (default: the one the overlay sits on).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Restore across a changed torch/CUDA/python.")] = False,
     overlays: OverlaysDirOption = None,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    inventory: out.InventoryOption = None,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Put each selected host's package back as a snapshot recorded it (default: every host).
 
     Hosts with nothing deployed and no interrupted operation are left alone. Exit codes as for push.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         options = RunOptions(to_snapshot=to, force=force, overlays_dir=overlays)
         report = run_playbook(inv, hosts, playbook.builtin("rollback"), options, None,
                               FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
-    emit(report, as_json=as_json, human=render, code=exit_code(report))
+    out.emit(report, as_json=as_json, human=render, code=exit_code(report))

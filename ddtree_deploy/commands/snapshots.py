@@ -9,47 +9,36 @@ import time
 
 from rich.table import Table
 
+from ddtree_deploy import output as out
 from ddtree_deploy import snapshot
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    ExitCode,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    console,
-    emit,
-    errors_rendered,
-)
 
 
 def snapshots(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
+    inventory: out.InventoryOption = None,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """List the snapshots on the selected hosts (default: all), oldest first; `*` marks the rollback target.
 
     Exit codes: 0 every host answered; 1 a host could not be read.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         options = FleetOptions(accept_new_host_key=accept_new_host_key)
         report = fan_out(inv, hosts, "snapshots", snapshot.list_snapshots, options)
-    emit(report, as_json=as_json, human=_render, code=ExitCode.FAILED if report.failed else ExitCode.OK)
+    out.emit(report, as_json=as_json, human=_render, code=out.ExitCode.FAILED if report.failed else out.ExitCode.OK)
 
 
 def _render(report: FleetReport[snapshot.HostSnapshots]) -> None:
     for row in report.hosts:
         if row.result is None:
-            console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")
             continue
         result = row.result
         table = Table(title=f"{row.host}: deployed {result.deployed or 'nothing'}", title_justify="left")
@@ -61,4 +50,4 @@ def _render(report: FleetReport[snapshot.HostSnapshots]) -> None:
             table.add_row(mark, snap.id, when, snap.reason, str(snap.files), snap.overlay or "")
         if not result.snapshots:
             table.add_row("", "(none yet)", "", "", "", "")
-        console.print(table)
+        out.console.print(table)

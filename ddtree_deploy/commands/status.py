@@ -4,47 +4,36 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from ddtree_deploy import output as out
 from ddtree_deploy import steps
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.output import (
-    AcceptNewHostKeyOption,
-    AllOption,
-    ExitCode,
-    GroupOption,
-    HostOption,
-    InventoryOption,
-    JsonOption,
-    console,
-    emit,
-    errors_rendered,
-)
 
 
 def status(
-    host: HostOption = None,
-    group: GroupOption = None,
-    all_hosts: AllOption = False,
-    inventory: InventoryOption = None,
-    accept_new_host_key: AcceptNewHostKeyOption = False,
-    as_json: JsonOption = False,
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
+    inventory: out.InventoryOption = None,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
 ) -> None:
     """Show every selected host (default: all): reachable, python, sglang, torch/CUDA, overlay, lock, server.
 
     Exit codes: 0 all hosts reachable and clean; 1 a host is unreachable; 3 a host is locked, has an
     open journal, has drifted or its server is unhealthy.
     """
-    with errors_rendered(as_json):
+    with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         report = fan_out(inv, hosts, "status", steps.host_status, FleetOptions(accept_new_host_key=accept_new_host_key))
-    emit(report, as_json=as_json, human=_render, code=status_exit_code(report))
+    out.emit(report, as_json=as_json, human=_render, code=status_exit_code(report))
 
 
-def status_exit_code(report: FleetReport[steps.HostStatus]) -> ExitCode:
+def status_exit_code(report: FleetReport[steps.HostStatus]) -> out.ExitCode:
     if any(row.result is not None and row.result.needs_attention for row in report.hosts):
-        return ExitCode.HOST_NEEDS_ATTENTION
-    return ExitCode.FAILED if report.failed else ExitCode.OK
+        return out.ExitCode.HOST_NEEDS_ATTENTION
+    return out.ExitCode.FAILED if report.failed else out.ExitCode.OK
 
 
 def _render(report: FleetReport[steps.HostStatus]) -> None:
@@ -60,4 +49,4 @@ def _render(report: FleetReport[steps.HostStatus]) -> None:
         server = f"[green]{s.server}[/]" if s.server.startswith("healthy") else s.server
         table.add_row(s.host, s.python, s.sglang or "[red]missing[/]", s.torch or "-", s.overlay or "none",
                       s.lock or "-", server, "; ".join(s.notes))
-    console.print(table)
+    out.console.print(table)
