@@ -15,10 +15,10 @@ each behind its own sshd, reached through ssh_config aliases) run the stand-in s
   grace, start detached), `uri` health with retries every 0.25 s. Rollback = remove the package and
   untar the archive (exact: files the overlay added are gone), restart, health. Files only: no restart.
 
-Every run must succeed (exit 0, every host `ok`) and leave the package as expected: the sha256 of
-every file of sglang/ and its dist-info equals the pristine tree after a rollback and the tree
-ddtree-deploy's cold push made after a push (for Ansible too), and the server runs the expected
-speculative algorithm. Ratios are Ansible seconds / ddtree-deploy seconds, measured in this run, with
+Every run must succeed (exit 0, every host `ok`) and leave the package as expected: every file of
+sglang/ and its dist-info (path, mode, size; content for the files the overlay touches) as in the
+pristine tree after a rollback and as ddtree-deploy's cold push left it after a push (for Ansible
+too), and the server reporting the expected speculative algorithm. Ratios are Ansible seconds / ddtree-deploy seconds, measured in this run, with
 the rounds of the two tools interleaved (see `measure`) and each one's load average printed beside it.
 Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.1.0] [--keep]`.
 """
@@ -129,7 +129,7 @@ def files_only_entries(fleet: Fleet) -> dict[str, dict[str, Any]]:
     }
 
 
-def warm_compile_cache(host: SandboxHost, entry: dict[str, Any]) -> float:
+def warm_compile_cache(entry: dict[str, Any]) -> float:
     started = time.monotonic()
     service = entry["service"]
     subprocess.run([*service["command"], *service["args"], "--standin-compile-only"], check=True, capture_output=True)
@@ -553,7 +553,7 @@ def setup(folder: Path, fleet: Fleet, overlay: str, say: Callable[[str], None]) 
         folder / "inventory-files.yaml", state_base=folder / "state-files", hosts=files_only_entries(fleet)
     )
     first = next(iter(fleet.hosts))
-    say(f"stand-in compile cache warmed in {warm_compile_cache(fleet.hosts[first], entries[first]):.1f}s")
+    say(f"stand-in compile cache warmed in {warm_compile_cache(entries[first]):.1f}s")
     env = {**os.environ, "DDTREE_OVERLAYS": str(REPO / "overlays"), "DDTREE_AUDIT_LOG": str(folder / "audit.jsonl")}
     bench = Bench(
         root=folder,
