@@ -9,18 +9,17 @@ value unquoted: the local transport uses no shell at all, the SSH one quotes eve
 from __future__ import annotations
 
 import abc
-import ast
 import base64
 import hashlib
-import importlib
 import json
 import os
 import shlex
 import subprocess
+import tempfile
 import time
-from functools import cache, lru_cache
+from functools import lru_cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -68,23 +67,52 @@ class HelperResult(BaseModel):
                            result=self, details=dict(err.get("details") or {}))
 
 
+class _Session(abc.ABC):
+    """One helper process on a host, answering one JSON line per request line."""
+
+    @abc.abstractmethod
+    def send(self, data: bytes) -> None:
+        """Write to the helper's stdin (raises OSError once it is gone)."""
+
+    @abc.abstractmethod
+    def receive(self) -> bytes:
+        """One line from the helper's stdout; b"" once it has exited."""
+
+    @abc.abstractmethod
+    def finish(self) -> tuple[int, bytes]:
+        """Close stdin, wait for the helper; its exit code and stderr."""
+
+
 class Transport(abc.ABC):
-    """Runs the host helper on one host."""
+    """Runs the host helper on one host: one helper process per transport, one round trip per op.
+
+    The helper starts on the first call (the host's python, the helper's sources on the first line)
+    and then answers request lines; `close()` ends it. A python start per op would cost more than
+    the op itself.
+    """
 
     def __init__(self, host: HostSpec, owner: str = "") -> None:
         self.host = host
         self.owner = owner
+        self._session: _Session | None = None
+        self._session_pid = 0
 
     def run_helper(self, op: str, args: dict[str, Any] | None = None) -> HelperResult:
         request = {"op": op, "args": args or {}, "package_root": self.host.package_root,
                    "state_base": self.host.state_dir, "owner": self.owner}
-        payload = json.dumps({"modules": modules_for(op), "request": request}).encode()
         started = time.monotonic()
-        argv = [self.host.python, "-c", bootstrap_source()]
-        if self.host.env:  # `env` keeps the values plain argv words, quoted like every other word
-            argv = ["env", *(f"{k}={v}" for k, v in self.host.env.items()), *argv]
-        exit_code, stdout, stderr = self._exec(argv, payload)
-        answer = _parse_answer(stdout)
+        if self._session is not None and self._session_pid != os.getpid():
+            self._session = None  # a forked child: the helper and its pipes belong to the parent
+        session = self._session or self._begin()
+        try:
+            session.send(json.dumps(request).encode() + b"\n")
+            line = session.receive()
+        except OSError:
+            line = b""
+        answer = _parse_answer(line)
+        exit_code, stderr = 0, b""
+        if answer is None or (answer.get("error") or {}).get("code") == "python_too_old":
+            exit_code, stderr = self._end()  # the helper is gone: keep its evidence, start anew next time
         return HelperResult(host=self.host.name, op=op, exit_code=exit_code, answer=answer,
                             stderr_tail=stderr.decode(errors="replace")[-4000:],
                             duration_s=time.monotonic() - started)
@@ -93,24 +121,94 @@ class Transport(abc.ABC):
         """`run_helper(...).data`: the answer, or the op's error raised."""
         return self.run_helper(op, args).data
 
-    @abc.abstractmethod
-    def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
-        """Run argv on the host with stdin; return exit code, stdout, stderr."""
+    def _begin(self) -> _Session:
+        argv = [self.host.python, "-c", bootstrap_source()]
+        if self.host.env:  # `env` keeps the values plain argv words, quoted like every other word
+            argv = ["env", *(f"{k}={v}" for k, v in self.host.env.items()), *argv]
+        session = self._start(argv)
+        try:
+            session.send(json.dumps({"modules": hostside_modules()}).encode() + b"\n")
+        except OSError:
+            pass  # it died at once (no such python, too old): the first receive tells
+        self._session, self._session_pid = session, os.getpid()
+        return session
 
-    def close(self) -> None:  # noqa: B027 - an optional hook: only transports that hold a connection override it
-        """Release the connection, if any."""
+    def _end(self) -> tuple[int, bytes]:
+        session, self._session = self._session, None
+        return session.finish() if session is not None else (0, b"")
+
+    @abc.abstractmethod
+    def _start(self, argv: list[str]) -> _Session:
+        """Start argv on the host with pipes to it."""
+
+    def close(self) -> None:
+        """End the helper (and the connection, for transports that hold one)."""
+        self._end()
+
+
+class _LocalSession(_Session):
+    def __init__(self, proc: subprocess.Popen[bytes], stderr: IO[bytes]) -> None:
+        self.proc, self.stderr = proc, stderr
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def receive(self) -> bytes:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def finish(self) -> tuple[int, bytes]:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        data = self.stderr.read()
+        self.stderr.close()
+        return code, data
 
 
 class LocalTransport(Transport):
     """This machine, through subprocess, with no shell."""
 
-    def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
+    def _start(self, argv: list[str]) -> _Session:
+        stderr = tempfile.TemporaryFile()  # a file, not a pipe: nobody has to drain it while ops run
         try:
-            proc = subprocess.run(argv, input=stdin, capture_output=True, check=False)
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
         except OSError as exc:
+            stderr.close()
             raise TransportError(f"cannot run {argv[0]!r}: {exc.strerror}", host=self.host.name,
                                  code="python_not_found", hint="fix the host's python in the inventory") from None
-        return proc.returncode, proc.stdout, proc.stderr
+        return _LocalSession(proc, stderr)
+
+
+class _SSHSession(_Session):
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self.channel = channel
+        self.stdout = channel.makefile("rb")
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except EOFError:
+            raise OSError("helper channel closed") from None
+
+    def receive(self) -> bytes:
+        return bytes(self.stdout.readline())
+
+    def finish(self) -> tuple[int, bytes]:
+        try:
+            self.channel.shutdown_write()
+        except OSError:
+            pass
+        code = self.channel.recv_exit_status()
+        err = bytearray()
+        while self.channel.recv_stderr_ready():
+            err += self.channel.recv_stderr(1 << 16)
+        self.channel.close()
+        return code, bytes(err)
 
 
 class SSHTransport(Transport):
@@ -162,42 +260,19 @@ class SSHTransport(Transport):
             client.load_host_keys(known_hosts)
         client.set_missing_host_key_policy(_strict_policy(self.host.name, known_hosts, self.accept_new_host_key))
 
-    def _exec(self, argv: list[str], stdin: bytes) -> tuple[int, bytes, bytes]:
+    def _start(self, argv: list[str]) -> _Session:
         transport = self._connection().client.get_transport()
         if transport is None:
             raise TransportError("ssh connection closed", host=self.host.name, hint="retry")
         channel = transport.open_session()
-        try:
-            channel.exec_command(" ".join(shlex.quote(word) for word in argv))
-            channel.sendall(stdin)
-            channel.shutdown_write()
-            stdout, stderr = _drain(channel)
-            return channel.recv_exit_status(), stdout, stderr
-        finally:
-            channel.close()
+        channel.exec_command(" ".join(shlex.quote(word) for word in argv))
+        return _SSHSession(channel)
 
     def close(self) -> None:
+        super().close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def _drain(channel: paramiko.Channel) -> tuple[bytes, bytes]:
-    """Read stdout and stderr to the end without letting either pipe fill up."""
-    out, err = bytearray(), bytearray()
-    while True:
-        progressed = False
-        if channel.recv_ready():
-            out += channel.recv(1 << 16)
-            progressed = True
-        if channel.recv_stderr_ready():
-            err += channel.recv_stderr(1 << 16)
-            progressed = True
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            break
-        if not progressed:
-            time.sleep(0.001)
-    return bytes(out), bytes(err)
 
 
 def _strict_policy(host: str, known_hosts: str, accept_new: bool) -> paramiko.MissingHostKeyPolicy:
@@ -247,36 +322,6 @@ def hostside_modules() -> dict[str, str]:
         for entry in folder.iterdir()
         if entry.name.endswith(".py") and entry.name not in ("__init__.py", "bootstrap.py")
     }
-
-
-@cache
-def modules_for(op: str) -> dict[str, str]:
-    """Only the modules an op needs (its owner, `main`, and what they import): less to send and compile."""
-    sources = hostside_modules()
-    owner = next((name for name, ops in _op_index().items() if op in ops), None)
-    wanted, todo = {"main"}, ["main"] + ([owner] if owner else [])
-    while todo:
-        name = todo.pop()
-        wanted.add(name)
-        todo.extend(dep for dep in _relative_imports(sources[name]) if dep not in wanted and dep in sources)
-    return {name: sources[name] for name in sorted(wanted)}
-
-
-@lru_cache(maxsize=1)
-def _op_index() -> dict[str, frozenset[str]]:
-    index = {}
-    for name in hostside_modules():
-        module = importlib.import_module(f"{HOSTSIDE_PACKAGE}.{name}")
-        index[name] = frozenset(getattr(module, "OPS", {}))
-    return index
-
-
-def _relative_imports(source: str) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found.update([node.module] if node.module else [alias.name for alias in node.names])
-    return found
 
 
 @lru_cache(maxsize=1)

@@ -3,11 +3,10 @@ if sys.version_info < (3, 8):
     sys.stdout.write(json.dumps({"ok": False, "error": {
         "code": "python_too_old",
         "message": "host python %s at %s is older than 3.8" % (sys.version.split()[0], sys.executable),
-        "hint": "point the inventory's python at the environment's python (>= 3.8)"}}))
+        "hint": "point the inventory's python at the environment's python (>= 3.8)"}}) + "\n")
     sys.exit(0)
 import importlib.abc, importlib.util
-P = json.loads(sys.stdin.buffer.read())
-M = P["modules"]
+M = json.loads(sys.stdin.buffer.readline())["modules"]
 class F(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path=None, target=None):
         if name == "ddtree_hostside":
@@ -21,4 +20,4 @@ class F(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             exec(compile(M[mod.__name__[16:]], mod.__name__[16:] + ".py", "exec"), mod.__dict__)
 sys.meta_path.insert(0, F())
 import ddtree_hostside.main
-ddtree_hostside.main.main(P["request"], sorted(M))
+ddtree_hostside.main.serve(sorted(M))

@@ -1,9 +1,10 @@
-"""Dispatch: one request in, one JSON answer out; each module's `OPS` table names its ops."""
+"""Dispatch: one JSON request line in, one JSON answer line out; each module's `OPS` table names its ops."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import traceback
 from typing import Any, Callable, Dict, List
@@ -22,10 +23,9 @@ def collect_ops(module_names: List[str]) -> Dict[str, Op]:
     return ops
 
 
-def handle(request: Dict[str, Any], module_names: List[str]) -> Dict[str, Any]:
+def handle(request: Dict[str, Any], ops: Dict[str, Op]) -> Dict[str, Any]:
     """Run one op; refusals and crashes both become a JSON answer with a code."""
     op_name = request.get("op")
-    ops = collect_ops(module_names)
     try:
         if op_name not in ops:
             raise HelperFailure("unknown_op", "host helper has no op %r" % (op_name,),
@@ -45,6 +45,12 @@ def handle(request: Dict[str, Any], module_names: List[str]) -> Dict[str, Any]:
         return {"ok": False, "op": op_name, "error": error}
 
 
-def main(request: Dict[str, Any], module_names: List[str]) -> None:
-    sys.stdout.write(json.dumps(handle(request, module_names)))
-    sys.stdout.flush()
+def serve(module_names: List[str]) -> None:
+    """Answer request lines from stdin until it closes (a JSON document holds no raw newline)."""
+    ops = collect_ops(module_names)
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # a stray print, or a child process's output, goes to stderr, never into an answer
+    for line in sys.stdin.buffer:
+        if line.strip():
+            answers.write(json.dumps(handle(json.loads(line), ops)) + "\n")
+            answers.flush()
