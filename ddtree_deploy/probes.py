@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,7 +51,7 @@ class MetricsProbe(_Strict):
     max: float | None = None
 
 
-ProbeSpec = Annotated[Union[HttpProbe, ServerInfoProbe, LosslessProbe, MetricsProbe], Field(discriminator="kind")]
+ProbeSpec = Annotated[HttpProbe | ServerInfoProbe | LosslessProbe | MetricsProbe, Field(discriminator="kind")]
 
 
 class HttpAnswer(BaseModel):

@@ -343,8 +343,7 @@ class _Systemd(_Backend):
 
     def _run(self, argv: List[str]) -> str:
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, timeout=60, check=False)
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise HelperFailure("systemd_failed", "%s: %s" % (" ".join(argv), exc),
                                 "is systemd running on this host?") from None

@@ -756,7 +756,7 @@ def commit(
 ) -> None:
     """Rename every staged file into place (deletes unlink); the journal stays open if this stops half-way."""
     folders = set()
-    for n, (change, full, tmp) in enumerate(zip(changes, targets, temps), start=1):
+    for n, (_change, full, tmp) in enumerate(zip(changes, targets, temps), start=1):
         if tmp is None:
             remove_quietly(full)
         else:
