@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy.errors import ProbeError
@@ -227,6 +226,8 @@ def _run_lossless(transport: Transport, spec: Any, reference: Reference | None) 
 
 
 def _run_metrics(transport: Transport, spec: Any, reference: Reference | None) -> ProbeResult:
+    from prometheus_client.parser import text_string_to_metric_families  # only metrics probes pay its import
+
     name = f"metrics {spec.name}"
     bounds = {"min": spec.min, "max": spec.max}
     answer = http_request(transport, "/metrics")
