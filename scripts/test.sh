@@ -29,6 +29,7 @@ step() {
 }
 step "ruff check" python3 -m ruff check --output-format=concise .
 step "mypy ddtree_deploy" python3 -m mypy ddtree_deploy
+step "overlay check" python3 -m ddtree_deploy.cli overlay check   # every overlay against its pristine releases
 step "pytest" python3 -m pytest -q --timeout=600 "$@"
 
 if [ ${#failed[@]} -gt 0 ]; then
