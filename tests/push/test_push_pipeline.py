@@ -176,3 +176,15 @@ def _service_port(fleet: Fleet) -> int:
 
 def _tree_mtimes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_history_tells_what_was_done_on_the_host_and_from_here(fleet: Fleet) -> None:
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "lossy")
+    assert code == 1
+    code, out = fleet.json("history", "--host", "ct200", "-n", "50")
+    assert code == 0
+    data = out["data"]
+    (row,) = data["hosts"]["hosts"]  # type: ignore[index]
+    ops = [e["op"] for e in row["result"]["events"]]
+    assert {"apply", "restore", "service_start", "service_stop"} <= set(ops), ops
+    assert data["audit"][-1]["command"] == "push" and data["audit"][-1]["hosts"] == {"ct200": "rolled_back"}

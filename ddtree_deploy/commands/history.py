@@ -1,0 +1,74 @@
+"""`ddtree-deploy history`: what was done to each host (its own history.jsonl) and from here (the audit log)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+
+from ddtree_deploy import history as audit
+from ddtree_deploy import output as out
+from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
+from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.transport import Transport
+
+
+class HostHistory(BaseModel):
+    host: str
+    events: list[dict[str, Any]]
+
+
+class HistoryReport(BaseModel):
+    hosts: FleetReport[HostHistory]
+    audit: list[dict[str, Any]]
+
+
+def history(
+    host: out.HostOption = None,
+    group: out.GroupOption = None,
+    all_hosts: out.AllOption = False,
+    lines: Annotated[int, typer.Option("-n", help="Events per host, and audit lines.")] = 10,
+    inventory: out.InventoryOption = None,
+    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    as_json: out.JsonOption = False,
+) -> None:
+    """The last operations on each selected host (default: all), and this machine's audit log."""
+    with out.errors_rendered(as_json):
+        inv = load_inventory(inventory)
+        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
+
+        def work(t: Transport) -> HostHistory:
+            return HostHistory(host=t.host.name, events=list(t.call("state", {"history": lines})["history"]))
+
+        report = HistoryReport(
+            hosts=fan_out(inv, hosts, "history", work, FleetOptions(accept_new_host_key=accept_new_host_key)),
+            audit=audit.read(lines),
+        )
+    out.emit(report, as_json=as_json, human=_render,
+             code=out.ExitCode.FAILED if report.hosts.failed else out.ExitCode.OK)
+
+
+def _render(report: HistoryReport) -> None:
+    for row in report.hosts.hosts:
+        out.console.rule(f"[bold]{row.host}")
+        if row.result is None:
+            out.console.print(f"[red]{row.error.message if row.error else 'skipped'}[/]")
+            continue
+        for event in row.result.events or [{"op": "(no history yet)"}]:
+            out.console.print(_event_line(event), soft_wrap=True)
+    out.console.rule("[bold]audit log (this machine)")
+    for line in report.audit or [{"command": "(empty)"}]:
+        hosts = ", ".join(f"{h}: {o}" for h, o in (line.get("hosts") or {}).items())
+        out.console.print(f"{_when(line.get('time'))}  {line.get('command')}  {hosts}", soft_wrap=True)
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    rest = {k: v for k, v in event.items() if k not in ("time", "op")}
+    detail = ", ".join(f"{k}={v}" for k, v in rest.items() if not isinstance(v, (dict, list)))
+    return f"{_when(event.get('time'))}  {event.get('op')}  {detail}"
+
+
+def _when(ts: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if isinstance(ts, (int, float)) else "-"
