@@ -1,0 +1,57 @@
+"""Fan-out: every host gets a row in host order; waves stop once too many failed; bugs become rows."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from ddtree_deploy.errors import ServiceError
+from ddtree_deploy.fleet import FleetOptions, fan_out
+from ddtree_deploy.inventory import load_inventory
+from ddtree_deploy.transport import Transport
+
+
+class Seen(BaseModel):
+    host: str
+
+
+def inventory(tmp_path: Path, count: int) -> Path:
+    path = tmp_path / "inventory.yaml"
+    hosts = "".join(f"  h{i}: {{transport: local, python: python3}}\n" for i in range(count))
+    path.write_text(f"hosts:\n{hosts}")
+    return path
+
+
+def test_rows_come_back_in_host_order_with_errors_as_rows(tmp_path: Path) -> None:
+    inv = load_inventory(str(inventory(tmp_path, 4)))
+
+    def work(t: Transport) -> Seen:
+        if t.host.name == "h1":
+            raise ServiceError("server exited", code="server_exited")
+        if t.host.name == "h2":
+            raise RuntimeError("a bug")
+        return Seen(host=t.host.name)
+
+    report = fan_out(inv, list(inv.hosts.values()), "test", work)
+    assert [row.host for row in report.hosts] == ["h0", "h1", "h2", "h3"]
+    assert [row.host for row in report.succeeded] == ["h0", "h3"]
+    errors = {row.host: row.error for row in report.failed}
+    assert errors["h1"] is not None and errors["h1"].code == "server_exited" and errors["h1"].message.startswith("h1")
+    assert errors["h2"] is not None and errors["h2"].code == "internal_error" and "a bug" in errors["h2"].message
+
+
+def test_waves_stop_after_max_failures(tmp_path: Path) -> None:
+    inv = load_inventory(str(inventory(tmp_path, 5)))
+    started: list[str] = []
+    lock = threading.Lock()
+
+    def work(t: Transport) -> Seen:
+        with lock:
+            started.append(t.host.name)
+        raise ServiceError("canary failed", code="server_exited")
+
+    report = fan_out(inv, list(inv.hosts.values()), "test", work, FleetOptions(wave_size=1, max_failures=1))
+    assert started == ["h0", "h1"]  # the canary, one more, then no further wave
+    assert [row.skipped for row in report.hosts] == [False, False, True, True, True]
