@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy.errors import InventoryError, UsageError
 from ddtree_deploy.probes import ProbeSpec
+from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -115,7 +115,8 @@ def inventory_path(explicit: str | None) -> Path:
 def load_inventory(explicit: str | None = None) -> Inventory:
     """Read and validate the inventory; every error names the file, the host and the field."""
     path = inventory_path(explicit)
-    raw = _read_yaml(path)
+    raw = read_mapping(path, InventoryError, what="inventory",
+                       read_hint=f"pass --inventory PATH or set {INVENTORY_ENV}")
     unknown = set(raw) - _TOP_KEYS
     if unknown:
         raise InventoryError(
@@ -129,24 +130,6 @@ def load_inventory(explicit: str | None = None) -> Inventory:
     hosts = {name: _host(path, str(name), defaults, spec) for name, spec in hosts_raw.items()}
     ssh = _validated(SshSettings, _mapping(raw.get("ssh") or {}, path, "ssh"), path, "ssh")
     return Inventory(path=path, ssh=_resolve_ssh_paths(ssh, path.parent), hosts=hosts)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InventoryError(
-            f"{path}: cannot read inventory ({exc.strerror})",
-            hint=f"pass --inventory PATH or set {INVENTORY_ENV}",
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise InventoryError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', exc)}",
-                             hint="fix the YAML syntax") from None
-    return _mapping(data or {}, path, "top level")
 
 
 def _mapping(value: Any, path: Path, where: str) -> dict[str, Any]:
@@ -171,15 +154,8 @@ def _validated(model: type[M], data: dict[str, Any], path: Path, where: str, hos
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(root)"
-        got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err["input"], dict) else ""
-        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InventoryError(
-            f"{path}: {where}: field {field}: {err['msg']}{got}{more}",
-            host=host,
-            hint="fix that field in the inventory; unknown keys are errors",
-        ) from None
+        raise InventoryError(f"{path}: {where}: {first_problem(exc)}", host=host,
+                             hint="fix that field in the inventory; unknown keys are errors") from None
 
 
 def _resolve_ssh_paths(ssh: SshSettings, base: Path) -> SshSettings:

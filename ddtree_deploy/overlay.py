@@ -26,7 +26,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from packaging.version import InvalidVersion, Version
 from pydantic import (
     AfterValidator,
@@ -41,6 +40,7 @@ from pydantic import (
 from ddtree_deploy.abi import ArtifactBuild, Requires
 from ddtree_deploy.errors import OverlayError, PreflightError
 from ddtree_deploy.probes import ProbeSpec
+from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 PACKAGE = "sglang"
 OVERLAYS_ENV = "DDTREE_OVERLAYS"
@@ -219,11 +219,11 @@ def _semver_key(text: str) -> tuple[int, Version | str]:
 def read_overlay(root: Path) -> Overlay:
     """Validate one overlay folder: the manifest, then every file it names and every file it holds."""
     path = root / MANIFEST
-    raw = _read_yaml(path)
+    raw = _read_manifest(path)
     try:
         manifest = OverlayManifest.model_validate(raw)
     except ValidationError as exc:
-        raise OverlayError(f"{path}: {_first_error(exc)}", hint="fix that field; unknown keys are errors") from None
+        raise OverlayError(f"{path}: {first_problem(exc)}", hint="fix that field; unknown keys are errors") from None
     if (manifest.name, manifest.version) != (root.parent.name, root.name):
         raise OverlayError(f"{path}: name/version {manifest.name}@{manifest.version} does not match its folder "
                            f"{root.parent.name}/{root.name}", hint="move the folder or fix the manifest")
@@ -232,32 +232,8 @@ def read_overlay(root: Path) -> Overlay:
     return overlay
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise OverlayError(f"{path}: cannot read ({exc.strerror})", hint="check the overlay folder") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}:" if mark is not None else ""
-        raise OverlayError(f"{path}:{where} malformed YAML: {getattr(exc, 'problem', None) or exc}",
-                           hint="fix the YAML syntax") from None
-    if not isinstance(data, dict):
-        raise OverlayError(f"{path}: the manifest must be a mapping, got {type(data).__name__}",
-                           hint="see OVERLAY_FORMAT.md")
-    return data
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "(root)"
-    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    message = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        message = "unknown key"
-    return f"field {field}: {message}{more}"
+def _read_manifest(path: Path) -> dict[str, Any]:
+    return read_mapping(path, OverlayError, what="overlay manifest", read_hint="check the overlay folder")
 
 
 def _check_layout(overlay: Overlay) -> None:

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy import steps
 from ddtree_deploy.errors import DeployError, PlaybookError
 from ddtree_deploy.steps import HostRun, StepOutcome
+from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 
@@ -65,13 +65,8 @@ def builtin(name: str) -> Playbook:
 
 def load_playbook(path: Path) -> Playbook:
     """Read and validate a playbook file; any error names the file, the step and the field."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise PlaybookError(f"{path}: cannot read playbook ({exc.strerror})", hint="check the path") from None
-    except yaml.YAMLError as exc:
-        raise PlaybookError(f"{path}: malformed YAML: {exc}", hint="fix the YAML syntax") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("steps"), list):
+    raw = read_mapping(path, PlaybookError, what="playbook", read_hint="check the path")
+    if not isinstance(raw.get("steps"), list):
         raise PlaybookError(f"{path}: a playbook is a mapping with a 'steps:' list", hint="see playbooks/push.yaml")
     unknown = set(raw) - {"name", "description", "steps", "on_failure"}
     if unknown:
@@ -98,9 +93,7 @@ def _step_call(path: Path, section: str, index: int, item: Any) -> StepCall:
     try:
         parsed = steps.STEPS[name].args.model_validate(args or {})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(args)"
-        raise PlaybookError(f"{where}: step {name}: argument {field}: {err['msg']}",
+        raise PlaybookError(f"{where}: step {name}: argument {first_problem(exc).removeprefix('field ')}",
                             hint=f"arguments of {name}: {', '.join(steps.STEPS[name].args.model_fields) or 'none'}") from None
     return StepCall(name=name, args=parsed)
 

@@ -48,14 +48,14 @@ def test_env_variable_names_the_inventory(tmp_path: Path, monkeypatch: pytest.Mo
 @pytest.mark.parametrize(
     ("text", "needle"),
     [
-        ("hosts: {ct200: {python: /p, colour: red}}", "host ct200: field colour: Extra inputs are not permitted"),
+        ("hosts: {ct200: {python: /p, colour: red}}", "host ct200: field colour: unknown key"),
         ("hosts: {ct200: {python: /p, service: {kind: process, command: [x], port: abc}}}",
          "host ct200: field service.process.port"),
         ("hosts: {ct200: {}}", "host ct200: field python: Field required"),
         ("hosts: {ct200: {python: /p}}\nextra: 1", "unknown top-level key 'extra'"),
         ("hosts: [ct200", "malformed YAML"),
         ("hosts: {}", "no hosts defined"),
-        ("- a\n- b", "top level must be a mapping"),
+        ("- a\n- b", "inventory: top level must be a mapping"),
     ],
 )
 def test_bad_inventory_is_one_line_naming_file_and_field(tmp_path: Path, text: str, needle: str) -> None:

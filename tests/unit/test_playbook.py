@@ -30,12 +30,13 @@ def test_push_rolls_back_by_restore_restart_probe() -> None:
 @pytest.mark.parametrize(("text", "needle"), [
     ("steps:\n  - reboot: {}\n", "steps[0]: unknown step 'reboot'"),
     ("steps:\n  - snapshot: {reason: [1]}\n", "steps[0]: step snapshot: argument reason"),
-    ("steps:\n  - restart: {if_changed: true, colour: red}\n", "argument colour: Extra inputs are not permitted"),
+    ("steps:\n  - restart: {if_changed: true, colour: red}\n", "argument colour: unknown key"),
     ("steps:\n  - {preflight: {}, plan: {}}\n", "a step is '- name: {args}'"),
     ("steps: []\non_failure:\n  - nope\n", "on_failure[0]: unknown step 'nope'"),
     ("steps: [\n", "malformed YAML"),
     ("hosts: all\nsteps: []\n", "unknown key 'hosts'"),
-    ("- preflight\n", "a playbook is a mapping with a 'steps:' list"),
+    ("- preflight\n", "playbook: top level must be a mapping"),
+    ("name: x\n", "a playbook is a mapping with a 'steps:' list"),
 ])
 def test_bad_playbooks_are_refused_naming_file_step_and_field(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "book.yaml"
