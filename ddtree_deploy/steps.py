@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
 from ddtree_deploy import snapshot as snapshot_ops
-from ddtree_deploy.errors import HelperError, PreflightError, ProbeError, ServiceError
+from ddtree_deploy.errors import HelperError, OverlayError, PreflightError, ProbeError, ServiceError
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import Overlay, Plan, load_overlay, overlays_path
 from ddtree_deploy.probes import LosslessProbe, ProbeResult, ProbeSpec, Reference, record_reference, run_probes
@@ -336,10 +336,15 @@ def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     run.restored = snapshot_ops.restore(run.transport, target)
     run.overlay_live = False
     restored = snapshot_ops.deployed_state(run.transport)
-    run.server_args = _server_args_of(restored, run)
     r = run.restored
-    return _ok("restore", f"restored {r.snapshot}: {len(r.restored)} files back, {len(r.removed)} removed, "
+    message = (f"restored {r.snapshot}: {len(r.restored)} files back, {len(r.removed)} removed, "
                f"{r.verified} verified" + (", open journal closed" if r.closed_journal else ""))
+    try:
+        run.server_args = _server_args_of(restored, run)
+    except OverlayError as exc:  # the files are back; only the server's extra args are unknown
+        run.server_args = []
+        message += f"; {exc}: the server starts with the inventory's args only"
+    return _ok("restore", message)
 
 
 def _journal_open(run: HostRun) -> bool:
