@@ -343,7 +343,8 @@ def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
         run.server_args = _server_args_of(restored, run)
     except OverlayError as exc:  # the files are back; only the server's extra args are unknown
         run.server_args = []
-        message += f"; {exc}: the server starts with the inventory's args only"
+        label = restored.label if restored else "its overlay"
+        message += f"; cannot load {label} ({exc}): the server starts with the inventory's args only"
     return _ok("restore", message)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -188,3 +189,21 @@ def test_history_tells_what_was_done_on_the_host_and_from_here(fleet: Fleet) -> 
     ops = [e["op"] for e in row["result"]["events"]]
     assert {"apply", "restore", "service_start", "service_stop"} <= set(ops), ops
     assert data["audit"][-1]["command"] == "push" and data["audit"][-1]["hosts"] == {"ct200": "rolled_back"}
+
+
+def test_rollback_to_an_overlay_whose_manifest_is_gone_still_restores(fleet: Fleet, tmp_path: Path) -> None:
+    assert fleet.json("rollback", "--host", "ct200")[0] == 0
+    pristine = fleet.package_digest()
+    assert fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")[0] == 0
+    on_010 = fleet.package_digest()
+    assert fleet.json("push", "--host", "ct200", "--overlay", "lossy", "--no-rollback")[0] == 3
+    empty = tmp_path / "overlays"
+    empty.mkdir()
+    proc = fleet.cli("rollback", "--host", "ct200", "--json", extra_env={"DDTREE_OVERLAYS": str(empty)})
+    result = json.loads(proc.stdout)["data"]["hosts"][0]["result"]
+    assert proc.returncode == 0 and result["outcome"] == "ok", result
+    restore = next(s for s in result["steps"] if s["step"] == "restore")
+    assert "ddtree@0.1.0" in restore["message"] and "inventory's args only" in restore["message"]
+    assert fleet.package_digest() == on_010
+    assert fleet.json("rollback", "--host", "ct200")[0] == 0
+    assert fleet.package_digest() == pristine
