@@ -117,6 +117,7 @@ class HostRun:
     on_progress: Callable[[str, str], None] | None = None
     fingerprint: abi.Fingerprint | None = None
     deployed: DeployedState | None = None
+    host_state: dict[str, Any] | None = None  # the `state` op's answer, as preflight read it
     plan: Plan | None = None
     reference: Reference | None = None
     snapshot: SnapshotTaken | None = None
@@ -194,7 +195,7 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
         take_lock(t, run.options.lock_ttl_s)
         run.locked = True
     run.fingerprint = abi.Fingerprint.from_helper(t.call("fingerprint"), host=run.host.name)
-    state = t.call("state")
+    state = run.host_state = t.call("state")
     run.deployed = DeployedState.model_validate(state["deployed"]) if state.get("deployed") else None
     run.server_args = list((state.get("launch") or {}).get("server_args") or [])
     journal = state.get("journal")
@@ -328,7 +329,7 @@ class RestoreArgs(NoArgs):
 def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     """Put the package back exactly as a snapshot recorded it, verified by re-hashing."""
     target = args.snapshot or run.options.to_snapshot or (run.snapshot.id if run.snapshot else None)
-    if target is None and run.deployed is None and not _journal_open(run):
+    if target is None and run.deployed is None and not _host_state(run).get("journal"):
         return _noop("restore", "nothing deployed and no interrupted operation: nothing to restore")
     if run.fingerprint is not None and not run.options.force:
         abi.raise_problems(_snapshot_problems(run, target), code="fingerprint_changed")
@@ -348,15 +349,18 @@ def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     return _ok("restore", message)
 
 
-def _journal_open(run: HostRun) -> bool:
-    return bool(run.transport.call("state").get("journal"))
+def _host_state(run: HostRun) -> dict[str, Any]:
+    """The `state` answer preflight read (one round trip at most, also in playbooks without preflight)."""
+    if run.host_state is None:
+        run.host_state = run.transport.call("state")
+    return run.host_state
 
 
 def _snapshot_problems(run: HostRun, target: str | None) -> list[abi.AbiProblem]:
     """Compare the host's fingerprint now with the one recorded in the target snapshot."""
     assert run.fingerprint is not None
     listing = run.transport.call("snapshots")
-    journal = run.transport.call("state").get("journal") or {}
+    journal = _host_state(run).get("journal") or {}
     target = target or journal.get("snapshot") or (listing.get("state") or {}).get("snapshot")
     recorded = next((s.get("fingerprint") for s in listing.get("snapshots", []) if s["id"] == target), None)
     if not recorded:
