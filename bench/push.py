@@ -44,7 +44,7 @@ import yaml
 from pydantic import BaseModel
 
 from sandbox.fleet import STANDIN, free_port, host_entry
-from sandbox.hosts import SGLANG_VERSION, SandboxHost, build_host
+from sandbox.hosts import SGLANG_VERSION, SandboxHost, build_host, package_files
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
@@ -141,13 +141,9 @@ def package_digest(host: SandboxHost, touched: list[str]) -> str:
     each file the overlay touches (bytecode caches aside): a file added, left behind or patched differs."""
     h = hashlib.sha256()
     root = host.package_root
-    for top in sorted(p for p in root.iterdir() if p.name == "sglang" or p.name.startswith("sglang-")):
-        for folder, dirs, files in os.walk(top):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-            for name in sorted(files):
-                path = Path(folder, name)
-                st = path.lstat()
-                h.update(f"{path.relative_to(root)}\0{st.st_mode}\0{st.st_size}\n".encode())
+    for path in package_files(root):
+        st = path.lstat()
+        h.update(f"{path.relative_to(root)}\0{st.st_mode}\0{st.st_size}\n".encode())
     for relative in touched:
         path = root / relative
         h.update(path.read_bytes() if path.exists() else b"\0absent\0")

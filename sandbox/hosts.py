@@ -155,6 +155,16 @@ class SandboxHost(BaseModel):
                 "state_dir": str(self.state_dir), **extra}
 
 
+def package_files(package_root: Path) -> Iterator[Path]:
+    """Every file of sglang/ and its dist-info under `package_root`, in a stable order, bytecode caches aside:
+    what a snapshot covers, and what tests and benchmarks compare."""
+    for top in sorted(p for p in package_root.iterdir() if p.name == "sglang" or p.name.startswith("sglang-")):
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                yield Path(folder, name)
+
+
 def cache_dir() -> Path:
     """`$DDTREE_DEPLOY_CACHE`, else `$XDG_CACHE_HOME/ddtree-deploy`, else `~/.cache/ddtree-deploy`."""
     explicit = os.environ.get(CACHE_ENV)

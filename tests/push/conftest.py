@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from sandbox.fleet import REPO, build_fleet
+from sandbox.hosts import package_files
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,13 +50,9 @@ class Fleet:
         """sha256 over every file of sglang/ and its dist-info: path, mode and content (bytecode caches aside)."""
         h = hashlib.sha256()
         root = self.package_root
-        for top in sorted(p for p in root.iterdir() if p.name == "sglang" or p.name.startswith("sglang-")):
-            for folder, dirs, files in os.walk(top):
-                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-                for name in sorted(files):
-                    path = Path(folder, name)
-                    h.update(f"{path.relative_to(root)}\0{path.lstat().st_mode}\0".encode())
-                    h.update(path.read_bytes())
+        for path in package_files(root):
+            h.update(f"{path.relative_to(root)}\0{path.lstat().st_mode}\0".encode())
+            h.update(path.read_bytes())
         return h.hexdigest()
 
 
