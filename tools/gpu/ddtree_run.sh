@@ -3,8 +3,11 @@
 # Needs .gpu/site.tar.xz and .gpu/scripts (GPU.md recipe) carried along; optional .gpu/jitcache.tar.gz.
 # Pristine SGLang 0.5.17 goes to /tmp/site, a copy with overlay ddtree 0.2.0 applied to
 # /tmp/site_dd. All servers start in parallel (one port each), then each client runs alone
-# (timings are not shared), then outputs are compared with the plain case of their pair;
-# refusal cases (hybrid target, budget out of range) must exit with their error.
+# (timings are not shared) and is compared with the plain case of its pair at once; before the
+# copy pair's clients, the other pair's servers are stopped, so speed runs share the machine with
+# idle copy-pair servers only. Refusal cases (hybrid target, budget out of range) must exit with
+# their error. TREE_BENCH=1 also runs bench/tree_build.py --device cuda on cores the servers
+# do not use (servers: cores 0-11; bench: 12-15), while the servers start.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -47,9 +50,12 @@ for c in "${CASES[@]}"; do
   PORT[$c]=$((30000 + i)); i=$((i + 1))
   site=/tmp/site; case $c in *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
-  PYTHONPATH=$site setsid python3 -m sglang.launch_server ${CASE[$c]} $COMMON --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
+  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$c]} $COMMON --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
+if [ "${TREE_BENCH:-0}" = 1 ]; then
+  (timeout 200 taskset -c 12-15 python3 bench/tree_build.py --device cuda > "$O/tree_build.txt" 2>&1; echo "exit $?" >> "$O/tree_build.txt") &
+fi
 up() { python3 -c "import sys,urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{sys.argv[1]}/health_generate\", timeout=5)" "$1" >/dev/null 2>&1; }
 declare -A READY
 while [ $(el) -lt $((BUDGET - 200)) ]; do
@@ -61,22 +67,25 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   done
   [ $pending = 0 ] && break; sleep 3
 done
+ref_of() { case $1 in copy_*) echo copy_plain;; *) echo plain;; esac; }
+stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 for c in "${CASES[@]}"; do
   case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
+  if [ "$(ref_of "$c")" = copy_plain ] && [ -z "${STOPPED:-}" ]; then  # the other pair is done: stop its servers
+    for d in "${CASES[@]}"; do [ "$(ref_of "$d")" = plain ] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
+  fi
   if [ "${READY[$c]:-}" = yes ]; then
     echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 tools/gpu/ddtree_client.py ${PORT[$c]} "$O/$c.json" || echo "[$(el)s] $c: client FAILED"; pack
   else
     echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$O/$c.log" | tail -n 25 | cut -c1-300
   fi
-done
-for c in "${CASES[@]}"; do
-  ref=plain; case $c in copy_*) ref=copy_plain;; esac
+  ref=$(ref_of "$c")
   [ "$c" = "$ref" ] || [ ! -f "$O/$c.json" ] || [ ! -f "$O/$ref.json" ] && continue
-  PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
+  PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"; pack
 done
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
-grep -h "ddtree_debug" "$O"/*.log | head -400 > "$O/ddtree_debug.txt"
+wait; grep -h "ddtree_debug" "$O"/*.log | head -2000 > "$O/ddtree_debug.txt"
 [ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" --exclude=./triton -C /tmp/jitcache . 2>/dev/null
 [ -d /tmp/jitcache/triton ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp/jitcache triton 2>/dev/null
 echo "[$(el)s] done; files: $(cd "$OUT" && ls | tr '\n' ' ')"
