@@ -68,7 +68,7 @@ tool push    300 push --host h200 --overlay ddtree@0.2.0  # snapshot, apply, res
 tool status2  60 status
 timeout 30 python3 - <<'PY' 2>&1 | tee -a "$W/transcript.txt"   # one alternating prompt on the deployed server
 import json, time, urllib.request
-body = {"input_ids": [262, 263] * 4, "sampling_params": {"temperature": 0, "max_new_tokens": 256, "ignore_eos": True}}
+body = {"input_ids": [262, 263] * 4, "sampling_params": {"temperature": 0, "max_new_tokens": 240, "ignore_eos": True}}
 t = time.perf_counter()
 req = urllib.request.Request("http://127.0.0.1:30000/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
 meta = json.load(urllib.request.urlopen(req, timeout=25))["meta_info"]
