@@ -15,6 +15,8 @@ import torch
 OVERLAY = Path(__file__).resolve().parents[2] / "overlays" / "ddtree"
 DDTREE_UTILS = OVERLAY / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 DECODE_TOOL = OVERLAY / "tools/ddtree_cpu_decode.py"
+# 0.2.1 adds the round's tensor programs (verify inputs, commit plan) beside the same core.
+DDTREE_UTILS_021 = OVERLAY / "0.2.1/files/sglang/srt/speculative/ddtree_utils.py"
 
 
 def load_by_path(name: str, path: Path) -> ModuleType:
@@ -32,6 +34,12 @@ def load_by_path(name: str, path: Path) -> ModuleType:
 def dd() -> ModuleType:
     """The overlay's sglang/srt/speculative/ddtree_utils.py."""
     return load_by_path("ddtree_utils_overlay", DDTREE_UTILS)
+
+
+@pytest.fixture(scope="session")
+def dd021() -> ModuleType:
+    """Overlay 0.2.1's ddtree_utils.py (the copy the 0.2.1 worker imports)."""
+    return load_by_path("ddtree_utils_overlay_021", DDTREE_UTILS_021)
 
 
 @pytest.fixture(scope="session")

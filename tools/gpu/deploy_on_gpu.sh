@@ -3,7 +3,7 @@
 # "The tool deploys it for real": the real SGLang 0.5.17 (pristine, /tmp/site) serves the copy pair;
 # ddtree-deploy (this checkout, transport: local) restarts it as the pre-push server, pushes
 # ddtree 0.2.0 (snapshot, apply, restart with DDTREE, probes incl. lossless against the pre-push
-# answers), then pushes a deliberately broken 0.2.1 (its ddtree_spec.py raises at import, so the
+# answers), then pushes a deliberately broken 0.2.99 (its ddtree_spec.py raises at import, so the
 # server dies at start-up), which must fail fast and roll back to a healthy 0.2.0 server.
 # Carry: .gpu/site.tar.xz .gpu/scripts (and .gpu/jitcache.tar.gz, .gpu/triton_cache.tar.gz if any).
 # Everything lands in $OUT/deploy.tar.gz (transcript, JSON answers, inventory, server logs).
@@ -21,11 +21,11 @@ mkdir -p /tmp/jitcache
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 echo "[$(el)s] site and models ready"
 
-# Overlays the tool sees: the repo's ddtree (0.1.0, 0.2.0) plus a broken 0.2.1 made here.
+# Overlays the tool sees: the repo's ddtree versions plus a broken 0.2.99 made here.
 OV=/tmp/ovl; rm -rf "$OV"; mkdir -p "$OV"; cp -r overlays/ddtree "$OV/ddtree"
-B=$OV/ddtree/0.2.1; cp -r "$OV/ddtree/0.2.0" "$B"
-sed -i 's/^version: 0.2.0/version: 0.2.1/; s/^description: >-/description: >-\n  DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof./' "$B/overlay.yaml"
-printf 'raise RuntimeError("ddtree 0.2.1 is deliberately broken (rollback proof)")\n' >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
+B=$OV/ddtree/0.2.99; cp -r "$OV/ddtree/0.2.0" "$B"
+sed -i 's/^version: 0.2.0/version: 0.2.99/; s/^description: >-/description: >-\n  DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof./' "$B/overlay.yaml"
+printf 'raise RuntimeError("ddtree 0.2.99 is deliberately broken (rollback proof)")\n' >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
 
 PY=$(command -v python3)
 cat > "$W/inventory.yaml" <<YAML
@@ -75,7 +75,7 @@ meta = json.load(urllib.request.urlopen(req, timeout=25))["meta_info"]
 print("deployed server, alternating prompt:", {k: meta.get(k) for k in ("completion_tokens", "spec_accept_length", "spec_verify_ct")},
       f"{meta['completion_tokens'] / (time.perf_counter() - t):.0f} tok/s")
 PY
-[ "${QUICK:-0}" = 1 ] || tool broken 300 push --host h200 --overlay ddtree@0.2.1  # must fail fast and roll back
+[ "${QUICK:-0}" = 1 ] || tool broken 300 push --host h200 --overlay ddtree@0.2.99  # must fail fast and roll back
 tool status3  60 status
 tool json     60 status --json
 cp -r /tmp/ddtree-state "$W/state" 2>/dev/null
