@@ -10,6 +10,7 @@ not a controller round trip. Every op takes `spec`: the inventory's service bloc
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -17,8 +18,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .common import Context, HelperFailure, append_history, read_json, write_json
@@ -124,19 +123,28 @@ def _describe(owners: List[Dict[str, Any]]) -> str:
 
 # ---------------------------------------------------------------- loopback HTTP
 
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never goes through a proxy
+@functools.lru_cache(maxsize=1)
+def _opener() -> Any:
+    """urllib's opener without proxies (loopback never goes through one), built on first use: importing
+    urllib costs ~20 ms that a helper which never sends a request should not pay at every start."""
+    import urllib.request
+
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def http_request(port: int, path: str, method: str = "GET", body: Any = None,
                  timeout: float = 30.0) -> Dict[str, Any]:
     """One request to 127.0.0.1:port; HTTP errors are answers, a refused connection is `error`."""
+    import urllib.error
+    import urllib.request
+
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
     started = time.monotonic()
     try:
-        with _OPENER.open(req, timeout=timeout) as resp:
+        with _opener().open(req, timeout=timeout) as resp:
             status, raw = resp.status, resp.read(MAX_READ)
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read(MAX_READ)
