@@ -2,8 +2,9 @@
 
 One `Transport` per host per command; a wave lets every host finish (like Fabric's groups), then
 the report says, host by host, what came back or which error stopped it. `max_failures` stops
-later waves once too many hosts failed (a canary is `--wave-size 1 --max-failures 0`). Nothing here
-knows what a step does.
+later waves once too many hosts failed (a canary is `--wave-size 1 --max-failures 0`). `connecting`
+starts the first wave's connections early, so that they overlap what a command still loads. Nothing
+here knows what a step does.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import getpass
 import os
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 from pydantic import BaseModel, Field
@@ -73,16 +75,48 @@ def operator(command: str) -> str:
     return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} ({command})"
 
 
+@contextmanager
+def connecting(
+    inventory: Inventory, hosts: list[HostSpec], command: str, options: FleetOptions | None = None
+) -> Iterator[dict[str, Transport]]:
+    """Transports for the first wave of `hosts`, already connecting and starting their helpers in the background.
+
+    Pass them to `fan_out(started=...)`, which takes over those it uses; any left when the block
+    ends (the command failed before fanning out) are closed. Connecting takes no lock and changes
+    nothing on a host; its errors are raised by each host's first op, as without this.
+    """
+    options = options or FleetOptions()
+    owner = operator(command)
+    wave = hosts[:options.wave_size or len(hosts)]
+    started = {h.name: transport_for(h, inventory.ssh, owner, options.accept_new_host_key) for h in wave}
+    for transport in started.values():
+        transport.start()
+    try:
+        yield started
+    finally:
+        for transport in started.values():
+            transport.close()
+
+
 def fan_out(
     inventory: Inventory,
     hosts: list[HostSpec],
     command: str,
     work: Callable[[Transport], R],
     options: FleetOptions | None = None,
+    started: dict[str, Transport] | None = None,
 ) -> FleetReport[R]:
-    """Run `work` on every host, in waves, each host on its own transport; collect rows in host order."""
+    """Run `work` on every host, in waves, each host on its own transport; collect rows in host order.
+
+    A host with a transport in `started` (see `connecting`) uses it, and takes it out of `started`.
+    """
     options = options or FleetOptions()
     owner = operator(command)
+    started = started if started is not None else {}
+
+    def transport(host: HostSpec) -> Transport:
+        return started.pop(host.name, None) or transport_for(host, inventory.ssh, owner, options.accept_new_host_key)
+
     size = options.wave_size or max(len(hosts), 1)
     rows: dict[str, HostRow[R]] = {}
     for start in range(0, len(hosts), size):
@@ -91,15 +125,13 @@ def fan_out(
             rows.update({h.name: HostRow[R](host=h.name, skipped=True) for h in wave})
             continue
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            futures = {h.name: pool.submit(_run_one, inventory, h, owner, work, options) for h in wave}
+            futures = {h.name: pool.submit(_run_one, transport(h), work) for h in wave}
             rows.update({name: future.result() for name, future in futures.items()})
     return FleetReport[R](command=command, hosts=[rows[h.name] for h in hosts])
 
 
-def _run_one(
-    inventory: Inventory, host: HostSpec, owner: str, work: Callable[[Transport], R], options: FleetOptions
-) -> HostRow[R]:
-    transport = transport_for(host, inventory.ssh, owner, options.accept_new_host_key)
+def _run_one(transport: Transport, work: Callable[[Transport], R]) -> HostRow[R]:
+    host = transport.host
     try:
         return HostRow[R](host=host.name, result=work(transport))
     except DeployError as exc:

@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 import tempfile
+import threading
 import time
 from functools import lru_cache
 from importlib import resources
@@ -96,10 +97,40 @@ class Transport(abc.ABC):
         self.owner = owner
         self._session: _Session | None = None
         self._session_pid = 0
+        self._starting: threading.Thread | None = None
+        self._start_error: Exception | None = None
+
+    def start(self) -> None:
+        """Connect and start the helper in a background thread now; the first op waits for it.
+
+        The connection and the host's python start then overlap whatever the controller still has
+        to do before its first op (a CLI still importing, an overlay still loading). An error is
+        raised by the first op, exactly as if it had connected itself.
+        """
+        if self._session is None and self._starting is None:
+            self._starting = threading.Thread(target=self._start_in_background, name=f"start {self.host.name}",
+                                              daemon=True)
+            self._starting.start()
+
+    def _start_in_background(self) -> None:
+        try:
+            self._begin()
+        except Exception as exc:  # kept for the first op to raise, in its own thread
+            self._start_error = exc
+
+    def _await_start(self) -> None:
+        if self._starting is None:
+            return
+        self._starting.join()
+        self._starting = None
+        error, self._start_error = self._start_error, None
+        if error is not None:
+            raise error
 
     def run_helper(self, op: str, args: dict[str, Any] | None = None) -> HelperResult:
         request = {"op": op, "args": args or {}, "package_root": self.host.package_root,
                    "state_base": self.host.state_dir, "owner": self.owner}
+        self._await_start()
         started = time.monotonic()
         if self._session is not None and self._session_pid != os.getpid():
             self._session = None  # a forked child: the helper and its pipes belong to the parent
@@ -143,6 +174,10 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         """End the helper (and the connection, for transports that hold one)."""
+        try:
+            self._await_start()
+        except Exception:  # a start that failed left nothing to end; its error was for the first op
+            pass
         self._end()
 
 

@@ -1,4 +1,4 @@
-"""The CLI's commands, one module per verb (or verb group); `register_all` adds them to the app."""
+"""The CLI's commands, one module per verb (or verb group); `register` adds them to the app."""
 
 from __future__ import annotations
 
@@ -26,10 +26,19 @@ GROUPS: list[tuple[str, str]] = [
 ]
 
 
-def register_all(app: typer.Typer) -> None:
-    for module_name, name in COMMANDS:
+def register(app: typer.Typer, verb: str | None = None) -> None:
+    """Add every command and group to `app`, or only `verb`'s when it names one.
+
+    A command module imports what its command needs, so a run that names its verb imports only
+    that; anything else (no verb, `--help`, a typo) gets every command, for help and errors.
+    """
+    commands = [(m, n) for m, n in COMMANDS if n == verb]
+    groups = [(m, n) for m, n in GROUPS if n == verb]
+    if not commands and not groups:
+        commands, groups = COMMANDS, GROUPS
+    for module_name, name in commands:
         module = importlib.import_module(f"ddtree_deploy.commands.{module_name}")
         app.command(name)(getattr(module, name))
-    for module_name, name in GROUPS:
+    for module_name, name in groups:
         module = importlib.import_module(f"ddtree_deploy.commands.{module_name}")
         app.add_typer(module.app, name=name)

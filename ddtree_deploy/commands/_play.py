@@ -28,9 +28,12 @@ _STYLE = {"ok": "green", "noop": "green", "dry_run": "cyan", "refused": "yellow"
 
 def run_playbook(
     inv: Inventory, hosts: list[HostSpec], book: Playbook, options: RunOptions, overlay: Overlay | None,
-    fleet_options: FleetOptions, *, as_json: bool,
+    fleet_options: FleetOptions, *, as_json: bool, started: dict[str, Transport] | None = None,
 ) -> FleetReport[PlaybookReport]:
-    """Play `book` on every host (waves per `fleet_options`), log it to the audit log, return the report."""
+    """Play `book` on every host (waves per `fleet_options`), log it to the audit log, return the report.
+
+    `started`: transports already connecting (`fleet.connecting`), used instead of new ones.
+    """
     progress = _Progress(enabled=not as_json)
 
     def work(transport: Transport) -> PlaybookReport:
@@ -38,7 +41,7 @@ def run_playbook(
         return playbook.play(book, run)
 
     with progress:
-        report = fan_out(inv, hosts, book.name, work, fleet_options)
+        report = fan_out(inv, hosts, book.name, work, fleet_options, started)
     history.record(book.name, operator(book.name), report, overlay=overlay.label if overlay else None)
     return report
 

@@ -7,12 +7,8 @@ from typing import Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy import playbook
-from ddtree_deploy.commands._play import exit_code, render, run_playbook
-from ddtree_deploy.fleet import FleetOptions
+from ddtree_deploy.fleet import FleetOptions, connecting
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.overlay import load_overlay, overlays_path
-from ddtree_deploy.steps import RunOptions
 
 OverlayOption = Annotated[str, typer.Option("--overlay", "-o", help="NAME[@VERSION]; default: newest version.")]
 OverlaysDirOption = Annotated[
@@ -48,11 +44,19 @@ def push(
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
-        the_overlay = load_overlay(overlay, overlays_path(overlays))
-        options = RunOptions(overlay=the_overlay.label, overlays_dir=overlays, dry_run=dry_run, force=force,
-                             no_rollback=no_rollback)
         fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key, wave_size=wave_size,
                                      max_failures=max_failures)
-        report = run_playbook(inv, hosts, playbook.builtin("push"), options, the_overlay, fleet_options,
-                              as_json=as_json)
+        with connecting(inv, hosts, "push", fleet_options) as started:
+            # Imported once the hosts are connecting: the steps and their models take longer to import
+            # than a connection and a helper take to start, so the two now overlap.
+            from ddtree_deploy import playbook
+            from ddtree_deploy.commands._play import exit_code, render, run_playbook
+            from ddtree_deploy.overlay import load_overlay, overlays_path
+            from ddtree_deploy.steps import RunOptions
+
+            the_overlay = load_overlay(overlay, overlays_path(overlays))
+            options = RunOptions(overlay=the_overlay.label, overlays_dir=overlays, dry_run=dry_run, force=force,
+                                 no_rollback=no_rollback)
+            report = run_playbook(inv, hosts, playbook.builtin("push"), options, the_overlay, fleet_options,
+                                  as_json=as_json, started=started)
     out.emit(report, as_json=as_json, human=render, code=exit_code(report))

@@ -7,12 +7,9 @@ from typing import Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy import playbook
-from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.commands.push import OverlaysDirOption
-from ddtree_deploy.fleet import FleetOptions
+from ddtree_deploy.fleet import FleetOptions, connecting
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.steps import RunOptions
 
 
 def rollback(
@@ -33,7 +30,14 @@ def rollback(
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        options = RunOptions(to_snapshot=to, force=force, overlays_dir=overlays)
-        report = run_playbook(inv, hosts, playbook.builtin("rollback"), options, None,
-                              FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
+        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        with connecting(inv, hosts, "rollback", fleet_options) as started:
+            # imported once the hosts are connecting, so the two overlap (see push)
+            from ddtree_deploy import playbook
+            from ddtree_deploy.commands._play import exit_code, render, run_playbook
+            from ddtree_deploy.steps import RunOptions
+
+            options = RunOptions(to_snapshot=to, force=force, overlays_dir=overlays)
+            report = run_playbook(inv, hosts, playbook.builtin("rollback"), options, None, fleet_options,
+                                  as_json=as_json, started=started)
     out.emit(report, as_json=as_json, human=render, code=exit_code(report))
