@@ -38,6 +38,7 @@ def batch_round(dd: ModuleType, budget: int, seed: int) -> dict[str, torch.Tenso
         taken = {token for _, token in children.get(node, [])}
         picks[b, node] = next(t for t in range(VOCAB) if t not in taken)  # the walk stops here
     return {
+        "logits": logits,
         "tree": tree,
         "prefix": prefix,
         "pool": pool,
@@ -97,3 +98,21 @@ def test_padded_rows_with_stale_lengths_never_index_past_the_table(dd021: Module
     far = torch.tensor([CONTEXT - 2, CONTEXT + 50, 0])
     _, _, slots = dd021.ddtree_verify_inputs(r["tree"], r["bonus"], far, r["pool"], r["req_to_token"])
     assert slots.shape == (3, 17)
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_draft_top1_agreement_per_depth(dd021: ModuleType, seed: int) -> None:
+    r = batch_round(dd021, 16, seed)
+    top1 = r["logits"].argmax(dim=-1)
+    accept_len, path = dd021.follow_verified_tree_batch(r["tree"], r["picks"])
+    got = dd021.draft_top1_agreement(top1, r["picks"], path, accept_len).tolist()
+    for b in range(3):
+        want = []
+        for depth in range(1, BLOCK):
+            if depth > int(accept_len[b]):
+                want.append(-1)
+            else:
+                target = int(r["picks"][b, int(path[b, depth - 1])])
+                want.append(int(int(top1[b, depth - 1]) == target))
+        assert got[b] == want
+    assert any(v == 1 for row in got for v in row) and any(v == -1 for row in got for v in row)

@@ -45,6 +45,7 @@ __all__ = [
     "build_ddtree_tree",
     "ddtree_commit_plan",
     "ddtree_verify_inputs",
+    "draft_top1_agreement",
     "follow_verified_tree",
     "follow_verified_tree_batch",
     "summarize_ddtree",
@@ -829,6 +830,30 @@ def ddtree_commit_plan(
         committed_slots=slots.gather(1, torch.argsort(rank[:, :width], dim=1)),
         path=path,
     )
+
+
+def draft_top1_agreement(
+    draft_top1: torch.Tensor, target_tokens: torch.Tensor, path: torch.Tensor, accept_lengths: torch.Tensor
+) -> torch.Tensor:
+    """Per depth: did the draft's top-1 token equal the target's token there (debug metric)?
+
+    The target's token at depth ``d`` is its pick at the accepted path's node of depth
+    ``d - 1``, known for ``d <= accept_length`` (the last one is the bonus token); deeper
+    depths are unknown this round.
+
+    Args:
+        draft_top1: The draft's most likely token per depth (row ``d - 1`` is depth d). Shape: [bs, L].
+        target_tokens: The target's pick at every node, root first. Shape: [bs, budget + 1].
+        path, accept_lengths: From ``follow_verified_tree_batch``. Shapes: [bs, L + 1], [bs].
+
+    Returns:
+        int64 [bs, L]: 1 agree, 0 disagree, -1 unknown.
+    """
+    depth_count = draft_top1.shape[1]
+    target_at_depth = target_tokens.gather(1, path[:, :depth_count])
+    agree = (draft_top1 == target_at_depth).to(torch.int64)
+    known = torch.arange(depth_count, device=path.device)[None, :] < accept_lengths[:, None]
+    return torch.where(known, agree, -1)
 
 
 # --------------------------------------------------------------------------- metrics, checks

@@ -24,6 +24,7 @@ from sglang.srt.speculative.ddtree_utils import (
     build_ddtree_batch,
     ddtree_commit_plan,
     ddtree_verify_inputs,
+    draft_top1_agreement,
 )
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
@@ -212,6 +213,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         self._mask_buf: Optional[torch.Tensor] = None
         self._round_graphs: Optional[DDTreeRoundGraphs] = None
+        self._debug_draft_top1: Optional[torch.Tensor] = None  # set per round with --speculative-ddtree-debug
         self._warned_grammar = False
         if self.ps.tp_rank == 0:
             logger.info(
@@ -248,6 +250,8 @@ class DDTreeWorkerV2(DFlashWorkerV2):
 
     def _prepare_round(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> DDTreeRoundTensors:
         draft_logits = self._draft_logits(batch, draft_input)
+        if self.debug:
+            self._debug_draft_top1 = draft_logits.argmax(dim=-1)
         args = (draft_input.bonus_tokens, batch.seq_lens, batch.req_pool_indices)
         if self._round_graphs is not None:
             return self._round_graphs.prepare(draft_logits, *args)
@@ -465,7 +469,7 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         )
         logits_output.hidden_states = None
         if self.debug:
-            self._log_debug(batch, tree, plan.commit_lens - 1)
+            self._log_debug(batch, tree, picks, plan)
 
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -483,13 +487,20 @@ class DDTreeWorkerV2(DFlashWorkerV2):
         self,
         batch: ScheduleBatch,
         tree: DDTreeBatch,
-        accepted: torch.Tensor,
+        picks: torch.Tensor,
+        plan: DDTreeCommit,
     ) -> None:
-        """One JSON line per request and round (host sync: debug only)."""
+        """One JSON line per request and round (host sync: debug only). A request's lines
+        give its rounds, the histogram of acceptance lengths, tree sizes and depths, and
+        the draft's top-1 agreement per depth (1, 0, or -1 where the target's token there
+        is unknown this round)."""
         nodes = tree.num_nodes.tolist()
         node_ok = self._verify_offsets[None, 1:] <= tree.num_nodes[:, None]
         max_depth = torch.where(node_ok, tree.depths, 0).max(dim=1).values.tolist()
-        acc = accepted.tolist()
+        accept = plan.commit_lens.tolist()
+        agreement = draft_top1_agreement(
+            self._debug_draft_top1, picks, plan.path, plan.commit_lens.to(torch.int64)
+        ).tolist()
         for i, req in enumerate(batch.reqs):
             logger.info(
                 "ddtree_debug %s",
@@ -499,8 +510,9 @@ class DDTreeWorkerV2(DFlashWorkerV2):
                         "budget": self.budget,
                         "tree_nodes": nodes[i],
                         "tree_depth": max_depth[i],
-                        "accepted_nodes": acc[i],
-                        "accept_length": acc[i] + 1,
+                        "accepted_nodes": accept[i] - 1,
+                        "accept_length": accept[i],
+                        "draft_top1_agree": agreement[i],
                     }
                 ),
             )
