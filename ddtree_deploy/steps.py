@@ -413,7 +413,8 @@ def stop(run: HostRun, args: NoArgs) -> StepOutcome:
 
 
 def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
-    """Run the overlay's probes (while its files are live) and the inventory's; any failure fails the step."""
+    """Run the overlay's probes (while its files are live; after rolling back to this run's snapshot, its
+    lossless ones) and the inventory's; any failure fails the step."""
     if args.if_changed and not run.changed:
         return _noop("probe", "package unchanged: nothing to probe")
     if run.host.service is None:
@@ -431,8 +432,17 @@ def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
 
 
 def _probe_specs(run: HostRun, *, with_overlay: bool) -> list[ProbeSpec]:
-    own = list(run.overlay.manifest.probes) if with_overlay and run.overlay is not None else []
+    own = list(run.overlay.manifest.probes) if run.overlay is not None else []
+    if not with_overlay:
+        # After a rollback to the snapshot this run took, the server must answer as it did before the
+        # change: the overlay's lossless probes still apply, against the answers recorded then.
+        own = [p for p in own if isinstance(p, LosslessProbe)] if _restored_own_snapshot(run) else []
     return own + list(run.host.probes)
+
+
+def _restored_own_snapshot(run: HostRun) -> bool:
+    return (run.reference is not None and run.snapshot is not None and run.restored is not None
+            and run.restored.snapshot == run.snapshot.id)
 
 
 def release_lock(run: HostRun) -> None:

@@ -73,6 +73,10 @@ def test_a_failed_push_rolls_back_bit_exact_and_healthy(fleet: Fleet, overlay: s
     assert steps_of(result, "recovery") == {"restore": "ok", "restart": "ok", "probe": "ok"}
     assert result["healthy"] is True
     assert fleet.package_digest() == before
+    if overlay == "lossy":  # the rolled-back server answers the overlay's own prompt as before the push
+        probes = result["summary"]["probes"]
+        own = [p for p in probes if p["name"] == "lossless (1 prompts, 32 tokens)"]  # the inventory's has 3
+        assert [p["status"] for p in own] == ["pass"], [(p["name"], p["status"]) for p in probes]
     code, status = fleet.json("status")
     assert code == 0 and host_row(status)["result"]["server"].startswith("healthy")
 
