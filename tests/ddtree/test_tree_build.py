@@ -145,10 +145,23 @@ CASES = [
 ]
 
 
+# The core as 0.1.0 ships it, and the (older) copy the 0.2.1 worker imports on the GPU.
+CORES = ["dd", "dd021"]
+
+
+@pytest.mark.parametrize("core", CORES)
 @pytest.mark.parametrize(("family", "bs", "length", "vocab", "budgets"), CASES)
 def test_batch_builder_equals_heap(
-    dd: ModuleType, make_logits: MakeLogits, family: str, bs: int, length: int, vocab: int, budgets: list[int]
+    request: pytest.FixtureRequest,
+    core: str,
+    make_logits: MakeLogits,
+    family: str,
+    bs: int,
+    length: int,
+    vocab: int,
+    budgets: list[int],
 ) -> None:
+    dd = request.getfixturevalue(core)
     logits = make_logits(family, (bs, length, vocab), seed=length * 1000 + vocab)
     for budget in budgets:
         batch = dd.build_ddtree_batch(logits, budget)
@@ -160,7 +173,9 @@ def test_batch_builder_equals_heap(
             assert int(batch.num_nodes[b]) == single.num_nodes
 
 
-def test_batch_builder_equals_heap_on_a_qwen_sized_vocabulary(dd: ModuleType) -> None:
+@pytest.mark.parametrize("core", CORES)
+def test_batch_builder_equals_heap_on_a_qwen_sized_vocabulary(request: pytest.FixtureRequest, core: str) -> None:
+    dd = request.getfixturevalue(core)
     g = torch.Generator().manual_seed(11)
     logits = (torch.randn(2, 3, 151936, generator=g) * 3).to(torch.bfloat16)
     logits[0, 1, 0] = 40.0  # token 0 is the near-certain draft at depth 2
@@ -260,3 +275,15 @@ def test_batched_functions_never_sync_with_the_host(dd: ModuleType, monkeypatch:
         dd.tree_attention_mask(batch, 7)
     monkeypatch.undo()
     assert batch.num_nodes.tolist() == [32, 32, 32]
+
+
+def test_the_021_core_never_diverges_silently(dd021: ModuleType) -> None:
+    """0.2.1's copy replays one rounding event per depth; a tree that needs more is flagged."""
+    rng = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        logits = engineered_rounding_logits(rng)
+        budget = [60, 150, 400, 2000][trial % 4]
+        batch = dd021.build_ddtree_batch(logits[None], budget)
+        single = dd021.build_ddtree_tree(logits, budget)
+        same = all(torch.equal(getattr(single, f), getattr(batch.tree(0), f)) for f in ("tokens", "parents", "scores"))
+        assert same or not bool(batch.scores_exact[0]), trial
