@@ -5,6 +5,7 @@ reference built on the host walk `follow_verified_tree`."""
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ VOCAB = 24
 CONTEXT = 400
 
 
-def batch_round(dd: ModuleType, budget: int, seed: int) -> dict[str, torch.Tensor | object]:
+def batch_round(dd: ModuleType, budget: int, seed: int) -> dict[str, Any]:
     """A batch of 3 trees, their committed state and the target's picks (mostly on a path)."""
     g = torch.Generator().manual_seed(seed)
     bs = 3
