@@ -8,24 +8,39 @@ renders anything.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
 
 from ddtree_deploy.errors import DeployError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 M = TypeVar("M", bound=BaseModel)
 
 # Off a terminal (CI logs, pipes) rich would wrap at 80 columns; a wider page keeps tables readable.
 _WIDTH = None if sys.stdout.isatty() else 160
-console = Console(highlight=False, width=_WIDTH)
-err_console = Console(stderr=True, highlight=False, width=_WIDTH)
+
+
+@functools.cache
+def _console(stderr: bool) -> Console:
+    from rich.console import Console  # imported on first use: a --json run never needs rich
+
+    return Console(stderr=stderr, highlight=False, width=_WIDTH)
+
+
+def __getattr__(name: str) -> Console:
+    """`console` (stdout) and `err_console` (stderr): rich consoles, made when first used."""
+    if name in ("console", "err_console"):
+        return _console(stderr=name == "err_console")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ExitCode(enum.IntEnum):
@@ -65,9 +80,9 @@ def fail(error: DeployError, *, as_json: bool) -> NoReturn:
         body = {"code": error.code, "message": str(error), "hint": error.hint}
         sys.stdout.write(json.dumps({"error": body}) + "\n")
     else:
-        err_console.print(f"[bold red]error[/]: {error}", soft_wrap=True)
+        _console(stderr=True).print(f"[bold red]error[/]: {error}", soft_wrap=True)
         if error.hint:
-            err_console.print(f"  [dim]hint:[/] {error.hint}", soft_wrap=True)
+            _console(stderr=True).print(f"  [dim]hint:[/] {error.hint}", soft_wrap=True)
     raise typer.Exit(int(exit_code_for(error)))
 
 
@@ -91,8 +106,8 @@ def errors_rendered(as_json: bool) -> Iterator[None]:
 @contextmanager
 def progress(message: str, as_json: bool) -> Iterator[None]:
     """A spinner on stderr for long operations (silent with --json or when stderr is not a terminal)."""
-    if as_json or not err_console.is_terminal:
+    if as_json or not _console(stderr=True).is_terminal:
         yield
         return
-    with err_console.status(message):
+    with _console(stderr=True).status(message):
         yield

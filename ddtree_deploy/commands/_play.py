@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
-
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from ddtree_deploy import history, playbook
 from ddtree_deploy import output as out
@@ -16,6 +13,9 @@ from ddtree_deploy.overlay import Overlay
 from ddtree_deploy.playbook import Playbook, PlaybookReport
 from ddtree_deploy.steps import HostRun, RunOptions
 from ddtree_deploy.transport import Transport
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 #: playbook outcome -> exit code (the worst host decides)
 OUTCOME_EXIT = {
@@ -83,6 +83,8 @@ def render(report: FleetReport[PlaybookReport]) -> None:
 
 
 def _steps_table(r: PlaybookReport) -> Table:
+    from rich.table import Table  # human output only: a --json run never imports rich's tables
+
     table = Table(show_header=True, box=None, padding=(0, 2))
     for column in ("", "step", "status", "seconds", "what happened"):
         table.add_column(column, overflow="fold")
@@ -99,6 +101,8 @@ def _render_evidence(r: PlaybookReport) -> None:
         out.console.print(diff, markup=False, highlight=False, soft_wrap=True)
     tail = _log_tail(r)
     if tail:
+        from rich.text import Text
+
         out.console.print("  [dim]server log, last lines:[/]")
         for line in tail[-15:]:
             out.console.print(Text.assemble(("  | ", "dim"), line), soft_wrap=True)
