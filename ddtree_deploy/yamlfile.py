@@ -11,6 +11,9 @@ from pydantic import ValidationError
 
 from ddtree_deploy.errors import DeployError
 
+#: libyaml's safe loader where PyYAML was built with it (8x faster than the pure-Python one, same results)
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def read_mapping(path: Path, error: type[DeployError], *, what: str, read_hint: str) -> dict[str, Any]:
     """The file's top-level mapping (an empty file is an empty mapping).
@@ -23,7 +26,7 @@ def read_mapping(path: Path, error: type[DeployError], *, what: str, read_hint: 
     except OSError as exc:
         raise error(f"{path}: cannot read {what} ({exc.strerror})", hint=read_hint) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark is not None else ""
