@@ -123,6 +123,21 @@ def list_snapshots(t: Transport) -> HostSnapshots:
                          snapshots=[SnapshotSummary.model_validate(s) for s in data.get("snapshots", [])])
 
 
+class PruneResult(BaseModel):
+    """What `prune` removed from (or, in a dry run, would remove from) a host's store."""
+
+    kept: list[str] = Field(description="snapshot ids left, oldest first")
+    removed: list[str] = Field(description="snapshot ids removed")
+    objects_removed: int = Field(description="stored contents no kept snapshot uses")
+    bytes_freed: int
+    dry_run: bool
+
+
+def prune_store(t: Transport, keep: int, *, dry_run: bool) -> PruneResult:
+    """Keep the newest `keep` snapshots and those rollback and plans need; drop the rest and unused objects."""
+    return PruneResult.model_validate(t.call("prune", {"keep": keep, "dry_run": dry_run}))
+
+
 def deployed_state(t: Transport) -> DeployedState | None:
     """state.json as the host has it (None before the first push)."""
     deployed = t.call("state").get("deployed")

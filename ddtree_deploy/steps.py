@@ -22,7 +22,7 @@ from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import Overlay, Plan, load_overlay, overlays_path
 from ddtree_deploy.probes import LosslessProbe, ProbeResult, ProbeSpec, Reference, record_reference, run_probes
 from ddtree_deploy.service import ServiceReport
-from ddtree_deploy.snapshot import ApplyResult, DeployedState, RestoreResult, SnapshotTaken
+from ddtree_deploy.snapshot import ApplyResult, DeployedState, PruneResult, RestoreResult, SnapshotTaken
 from ddtree_deploy.transport import Transport
 
 
@@ -104,6 +104,7 @@ class RunOptions(BaseModel):
     force: bool = Field(default=False, description="push over drift / roll back across a changed fingerprint")
     no_rollback: bool = False
     to_snapshot: str | None = None
+    keep_snapshots: int | None = Field(default=None, ge=1, description="prune: overrides the step's `keep`")
     lock_ttl_s: float = 3600.0
 
 
@@ -123,6 +124,7 @@ class HostRun:
     snapshot: SnapshotTaken | None = None
     applied: ApplyResult | None = None
     restored: RestoreResult | None = None
+    pruned: PruneResult | None = None
     server: ServiceReport | None = None
     server_args: list[str] = field(default_factory=list)
     probes: list[ProbeResult] = field(default_factory=list)
@@ -152,6 +154,8 @@ class HostRun:
             out["snapshot"] = self.snapshot.id
         if self.restored is not None:
             out["restored"] = self.restored.model_dump()
+        if self.pruned is not None:
+            out["pruned"] = self.pruned.model_dump()
         if self.server is not None:
             out["server"] = self.server.model_dump(exclude={"stop"})
         if self.probes:
@@ -445,6 +449,23 @@ def _restored_own_snapshot(run: HostRun) -> bool:
             and run.restored.snapshot == run.snapshot.id)
 
 
+class PruneArgs(NoArgs):
+    keep: int = Field(default=5, ge=1, description="newest snapshots to keep (besides those rollback needs)")
+
+
+def prune(run: HostRun, args: PruneArgs) -> StepOutcome:
+    """Free the host's store: drop old snapshots and the contents only they used (never a rollback target)."""
+    keep = run.options.keep_snapshots or args.keep
+    run.pruned = p = snapshot_ops.prune_store(run.transport, keep, dry_run=run.options.dry_run)
+    what = f"{len(p.removed)} snapshots and {p.objects_removed} objects ({p.bytes_freed / 1e6:.1f} MB)"
+    if run.options.dry_run:
+        run.finished = "dry_run"
+        return _ok("prune", f"dry run: would remove {what}; {len(p.kept)} kept")
+    if not p.removed and not p.objects_removed:
+        return _noop("prune", f"nothing to remove: {len(p.kept)} snapshots kept")
+    return _ok("prune", f"removed {what}; {len(p.kept)} kept")
+
+
 def release_lock(run: HostRun) -> None:
     """Always the last thing a run does on a host it locked."""
     if run.locked:
@@ -462,4 +483,5 @@ STEPS: dict[str, StepDef] = {
     "restart": StepDef(fn=restart, args=IfChangedArgs),
     "probe": StepDef(fn=probe, args=IfChangedArgs),
     "stop": StepDef(fn=stop, args=NoArgs),
+    "prune": StepDef(fn=prune, args=PruneArgs),
 }

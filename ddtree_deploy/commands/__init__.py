@@ -16,6 +16,7 @@ COMMANDS = [
     ("play", "play"),
     ("diff", "diff"),
     ("snapshots", "snapshots"),
+    ("prune", "prune"),
     ("history", "history"),
     ("abi", "abi"),
     ("logs", "logs"),

@@ -1,6 +1,6 @@
 """The host's content-addressed store and its journaled transactions on the installed package.
 
-Ops: `snapshot`, `snapshots`, `read_files`, `apply`, `restore`, `verify`. The package is the
+Ops: `snapshot`, `snapshots`, `read_files`, `apply`, `restore`, `verify`, `prune`. The package is the
 `sglang/` folder plus its `sglang-<version>.dist-info/` in the package root; `__pycache__` folders
 are derived data and never part of it. State layout under ctx.state_dir:
 
@@ -30,7 +30,7 @@ import shutil
 import stat
 import tempfile
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from .common import Context, HelperFailure, append_history, atomic_write, fsync_dir, read_json, write_json
 
@@ -506,6 +506,78 @@ def list_summaries(ctx: Context) -> List[Dict[str, Any]]:
 def snapshots(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     """List snapshots: id, time, reason, files, overlay (oldest first)."""
     return {"snapshots": list_summaries(ctx), "state": read_json(ctx.path("state.json"))}
+
+
+# ---------------------------------------------------------------- prune
+
+
+def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Remove all but the newest `keep` snapshots, and the objects no kept snapshot uses.
+
+    + keep (>= 1); dry_run: say what would go, remove nothing.
+    Never removed: the deployed state's rollback target and base, and the base of the overlay each
+    kept snapshot recorded (a push on top of a restored snapshot reads its reverts from that base). Manifests go first, objects last, so a kill midway
+    leaves only unused objects, which the next prune removes.
+    """
+    keep = args.get("keep")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise HelperFailure("bad_request", "keep must be an integer >= 1, got %r" % (keep,),
+                            "pass --keep N with N >= 1")
+    ctx.ensure_state_dir()
+    refuse_if_busy(ctx)
+    summaries = list_summaries(ctx)
+    state = read_json(ctx.path("state.json")) or {}
+    kept = ids_of([s["id"] for s in summaries[-keep:]] + [state.get("snapshot"), base_of(state)])
+    manifests = {i: read_json(manifest_path(ctx, i)) or {} for i in kept}
+    kept |= ids_of([base_of(m.get("state")) for m in manifests.values()])
+    manifests.update({i: read_json(manifest_path(ctx, i)) or {} for i in kept - set(manifests)})
+    dropped = [s["id"] for s in summaries if s["id"] not in kept]
+    unused = unused_objects(ctx, used_objects(manifests.values(), state))
+    freed = sum(size for _, size in unused)
+    if not args.get("dry_run"):
+        for snap_id in dropped:
+            remove_quietly(manifest_path(ctx, snap_id))
+        rewrite_index(ctx, [s for s in summaries if s["id"] in kept])
+        forget_objects([path for path, _ in unused])
+        append_history(ctx, {"op": "prune", "removed": dropped, "objects": len(unused), "bytes": freed,
+                             "by": ctx.owner})
+    return {"kept": [s["id"] for s in summaries if s["id"] in kept], "removed": dropped,
+            "objects_removed": len(unused), "bytes_freed": freed, "dry_run": bool(args.get("dry_run"))}
+
+
+def base_of(state: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The pristine snapshot a deployed overlay's plans read from (none when nothing is deployed)."""
+    return state.get("base_snapshot") if state and state.get("overlay") else None
+
+
+def ids_of(values: List[Any]) -> Set[str]:
+    return {v for v in values if isinstance(v, str) and v}
+
+
+def used_objects(manifests: Iterable[Dict[str, Any]], state: Dict[str, Any]) -> Set[str]:
+    """Every content a kept manifest records, and the deployed overlay's post-images."""
+    used = {e["sha256"] for m in manifests for e in (m.get("files") or {}).values() if "sha256" in e}
+    used |= {e["sha256"] for e in (state.get("files") or {}).values() if e and "sha256" in e}
+    return used
+
+
+def unused_objects(ctx: Context, used: Set[str]) -> List[Tuple[str, int]]:
+    """(path, size) of every stored object whose sha256 is not in `used`; temp files are left alone."""
+    root = ctx.path("objects")
+    found: List[Tuple[str, int]] = []
+    for prefix in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        folder = os.path.join(root, prefix)
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            sha = prefix + name
+            if re.match(r"^[0-9a-f]{64}$", sha) and sha not in used:
+                path = os.path.join(folder, name)
+                found.append((path, os.path.getsize(path)))
+    return found
+
+
+def rewrite_index(ctx: Context, summaries: List[Dict[str, Any]]) -> None:
+    lines = "".join(json.dumps(s, sort_keys=True) + "\n" for s in summaries)
+    atomic_write(ctx.path("snapshots", "index.jsonl"), lines.encode())
 
 
 # ---------------------------------------------------------------- read_files
@@ -1018,4 +1090,5 @@ OPS = {
     "apply": apply,
     "restore": restore,
     "verify": verify,
+    "prune": prune,
 }

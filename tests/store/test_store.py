@@ -284,3 +284,63 @@ def test_bytecode_of_replaced_modules_is_dropped_and_never_snapshotted(
     assert store.verify(ctx, {})["clean"]
     store.restore(ctx, {})
     assert sorted(p.name for p in cache.iterdir()) == ["constants.cpython-311.pyc"]
+
+
+def object_count(ctx: Context) -> int:
+    return sum(len(files) for _, _, files in os.walk(ctx.path("objects")))
+
+
+def test_prune_keeps_the_newest_and_what_rollback_needs_and_frees_the_rest(
+        ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+    pristine = tree_state(site)
+    _, base_snap = push_in_process(ctx, mini("0.1.0"))
+    on_010 = tree_state(site)
+    _, pre_upgrade = push_in_process(ctx, mini("0.2.0"))
+    extra = [store.snapshot(ctx, {"reason": "manual"})["id"] for _ in range(3)]
+    before = object_count(ctx)
+    listing = folder_listing(Path(ctx.state_dir))
+
+    dry = store.prune(ctx, {"keep": 1, "dry_run": True})
+    assert folder_listing(Path(ctx.state_dir)) == listing  # a dry run removes nothing
+    done = store.prune(ctx, {"keep": 1})
+    assert dry["removed"] == done["removed"] == extra[:2]
+    # the newest, the rollback target (pre_upgrade) and the base are kept
+    assert done["kept"] == [base_snap, pre_upgrade, extra[2]]
+    assert [s["id"] for s in store.snapshots(ctx, {})["snapshots"]] == done["kept"]
+    assert not any(os.path.exists(ctx.path("snapshots", f"{i}.json")) for i in extra[:2])
+    assert object_count(ctx) == before - done["objects_removed"]
+
+    store.restore(ctx, {})  # rollback still undoes the deployed overlay, then the base is there too
+    assert tree_state(site) == on_010
+    store.restore(ctx, {"snapshot": base_snap})
+    assert tree_state(site) == pristine
+    assert store.prune(ctx, {"keep": 5})["removed"] == []
+
+
+def test_prune_removes_the_objects_only_pruned_snapshots_used(ctx: Context, site: Path) -> None:
+    first = store.snapshot(ctx, {"reason": "a"})["id"]
+    (site / SERVER_ARGS).write_bytes(b"# a content only the second snapshot holds\n")
+    store.snapshot(ctx, {"reason": "b"})
+    (site / SERVER_ARGS).write_bytes(b"# and one only the third holds\n")
+    newest = store.snapshot(ctx, {"reason": "c"})["id"]
+    done = store.prune(ctx, {"keep": 1})
+    assert done["kept"] == [newest] and len(done["removed"]) == 2 and first in done["removed"]
+    assert done["objects_removed"] == 2  # the two server_args.py contents of the pruned ones
+    store.restore(ctx, {"snapshot": newest})  # every object the kept snapshot needs is still there
+
+
+@pytest.mark.parametrize("keep", [0, -1, "2", True, None])
+def test_prune_refuses_a_bad_keep(ctx: Context, keep: object) -> None:
+    with pytest.raises(HelperFailure) as err:
+        store.prune(ctx, {"keep": keep})
+    assert err.value.code == "bad_request" and "keep" in str(err.value)
+
+
+def test_prune_refuses_while_a_journal_is_open(ctx: Context, site: Path) -> None:
+    snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
+    store.snapshot(ctx, {"reason": "later"})
+    Path(ctx.path("journal.json")).write_text(json.dumps({"op": "apply", "snapshot": snap, "paths": []}))
+    with pytest.raises(HelperFailure) as err:
+        store.prune(ctx, {"keep": 1})
+    assert err.value.code == "journal_open"
+    assert len(store.snapshots(ctx, {})["snapshots"]) == 2
