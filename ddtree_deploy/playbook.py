@@ -55,7 +55,7 @@ class PlaybookReport(BaseModel):
 
 
 def builtin(name: str) -> Playbook:
-    """A built-in playbook by name (push, rollback, restart)."""
+    """A built-in playbook by name (a file in playbooks/: push, rollback, restart, stop, prune)."""
     path = BUILTIN_DIR / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
