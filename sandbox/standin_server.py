@@ -6,7 +6,9 @@ with, resolved to snake_case like SGLang's ServerArgs), `/generate` (greedy outp
 the prompt by a hash, with `meta_info.spec_accept_length`/`spec_verify_ct`), and `/metrics` (with
 `--enable-metrics`, as in SGLang). Like the real server it first loads the host's sglang package:
 here every module is byte-compiled (results cached by content hash), and a failure prints a
-Traceback and exits 1. Unknown arguments are accepted and reported.
+Traceback and exits 1. Then, like SGLang's argparse, it refuses (exit 2, a usage error in its log)
+an argument that is not a field of the host's own `ServerArgs` (so an overlay whose `server.args`
+need a patch that is not applied fails as it would for real); the switches below are its own.
 
 Test switches (argument, or the environment variable DDTREE_STANDIN_<NAME upper-cased>):
   --standin-crash-after S     exit 1 with a Traceback S seconds after start
@@ -335,23 +337,42 @@ def arm_crash(after_s: float) -> None:
     threading.Thread(target=crash, daemon=True).start()
 
 
-def server_args_defaults(pkg: str) -> Dict[str, Any]:
-    """Literal defaults of the `ServerArgs` dataclass fields in the host's own server_args.py."""
+def server_args_fields(pkg: str) -> List[ast.AnnAssign]:
+    """The `ServerArgs` dataclass fields of the host's own server_args.py (none if it cannot be read)."""
     try:
         with open(os.path.join(pkg, "srt", "server_args.py"), "rb") as f:
             tree = ast.parse(f.read())
     except (OSError, SyntaxError):
-        return {}
+        return []
+    return [field for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ServerArgs"
+            for field in node.body if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)]
+
+
+def server_args_defaults(fields: List[ast.AnnAssign]) -> Dict[str, Any]:
+    """Literal defaults of those fields."""
     defaults: Dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "ServerArgs":
-            for field in node.body:
-                if isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name) and field.value is not None:
-                    try:
-                        defaults[field.target.id] = ast.literal_eval(field.value)
-                    except ValueError:
-                        continue  # a default computed at run time: SGLang resolves it, we do not
+    for field in fields:
+        if field.value is not None:
+            try:
+                defaults[field.target.id] = ast.literal_eval(field.value)  # type: ignore[union-attr]
+            except ValueError:
+                continue  # a default computed at run time: SGLang resolves it, we do not
     return defaults
+
+
+OWN_SWITCHES = ("standin_", "fork_children", "package_root")
+
+
+def refuse_unknown(given: Dict[str, Any], fields: List[ast.AnnAssign]) -> None:
+    """Exit 2 with argparse's usage error for an argument `ServerArgs` has no field for."""
+    known = {field.target.id for field in fields}  # type: ignore[union-attr]
+    unknown = [k for k in given if known and k not in known and not k.startswith(OWN_SWITCHES)]
+    if unknown:
+        sys.stderr.write("usage: launch_server.py [-h] --model-path MODEL_PATH ...\n"
+                         "launch_server.py: error: unrecognized arguments: %s\n"
+                         % " ".join("--" + k.replace("_", "-") for k in unknown))
+        sys.stderr.flush()
+        os._exit(2)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -370,8 +391,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (SyntaxError, ImportError, OSError) as exc:
         fatal(exc)
     log("loaded sglang %s from %s (%d modules compiled)" % (version, pkg, compiled))
+    given = parse_args(sys.argv[1:] if argv is None else argv)
+    fields = server_args_fields(pkg)
+    refuse_unknown(given, fields)
     # Like SGLang's ServerArgs: a field an overlay added resolves to its default when not given.
-    args = dict(DEFAULTS, **dict(server_args_defaults(pkg), **parse_args(sys.argv[1:] if argv is None else argv)))
+    args = dict(DEFAULTS, **dict(server_args_defaults(fields), **given))
     if switch(args, "standin_compile_only", False):
         return 0
     children = fork_children(int(switch(args, "fork_children", 0)), ignore_sigterm)

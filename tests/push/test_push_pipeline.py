@@ -61,6 +61,7 @@ def test_dry_run_prints_the_diff_and_changes_nothing(fleet: Fleet) -> None:
     ("crashy", None),  # the server exits shortly after it starts
     ("hangs", "server_timeout"),  # never ready
     ("lossy", "probe_failed"),  # answers differ from the reference
+    ("badarg", None),  # server args the host's ServerArgs does not know: a usage error, exit 2
 ])
 def test_a_failed_push_rolls_back_bit_exact_and_healthy(fleet: Fleet, overlay: str, why: str | None) -> None:
     before = fleet.package_digest()
@@ -73,6 +74,8 @@ def test_a_failed_push_rolls_back_bit_exact_and_healthy(fleet: Fleet, overlay: s
     assert steps_of(result, "recovery") == {"restore": "ok", "restart": "ok", "probe": "ok"}
     assert result["healthy"] is True
     assert fleet.package_digest() == before
+    if overlay == "badarg":
+        assert "unrecognized arguments: --speculative-ddtree-budget" in json.dumps(failed), failed
     if overlay == "lossy":  # the rolled-back server answers the overlay's own prompt as before the push
         probes = result["summary"]["probes"]
         own = [p for p in probes if p["name"] == "lossless (1 prompts, 32 tokens)"]  # the inventory's has 3

@@ -1,0 +1,1 @@
+"""badarg overlay marker (tests only)."""
