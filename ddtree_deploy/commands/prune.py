@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, connecting
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._builtin import play_builtin
 
 
 def prune(
@@ -26,16 +25,5 @@ def prune(
     Kept: the newest KEEP, the deployed overlay's rollback target and the bases plans read from, so
     `rollback` works as before. The package and the server are not touched. Exit codes as for push.
     """
-    with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
-        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key)
-        with connecting(inv, hosts, "prune", fleet_options) as started:
-            from ddtree_deploy import playbook
-            from ddtree_deploy.commands._play import exit_code, render, run_playbook
-            from ddtree_deploy.steps import RunOptions
-
-            options = RunOptions(keep_snapshots=keep, dry_run=dry_run)
-            report = run_playbook(inv, hosts, playbook.builtin("prune"), options, None, fleet_options,
-                                  as_json=as_json, started=started)
-    out.emit(report, as_json=as_json, human=render, code=exit_code(report))
+    play_builtin("prune", host=host, group=group, all_hosts=all_hosts, inventory=inventory,
+                 accept_new_host_key=accept_new_host_key, as_json=as_json, keep_snapshots=keep, dry_run=dry_run)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, connecting
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._builtin import play_builtin
 
 
 def _builtin_playbook_command(name: str, doc: str) -> Callable[..., None]:
@@ -20,19 +19,8 @@ def _builtin_playbook_command(name: str, doc: str) -> Callable[..., None]:
         accept_new_host_key: out.AcceptNewHostKeyOption = False,
         as_json: out.JsonOption = False,
     ) -> None:
-        with out.errors_rendered(as_json):
-            inv = load_inventory(inventory)
-            hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
-            fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key)
-            with connecting(inv, hosts, name, fleet_options) as started:
-                # imported once the hosts are connecting, so the two overlap (see push)
-                from ddtree_deploy import playbook
-                from ddtree_deploy.commands._play import exit_code, render, run_playbook
-                from ddtree_deploy.steps import RunOptions
-
-                report = run_playbook(inv, hosts, playbook.builtin(name), RunOptions(), None, fleet_options,
-                                      as_json=as_json, started=started)
-        out.emit(report, as_json=as_json, human=render, code=exit_code(report))
+        play_builtin(name, host=host, group=group, all_hosts=all_hosts, inventory=inventory,
+                     accept_new_host_key=accept_new_host_key, as_json=as_json)
 
     command.__doc__ = doc
     command.__name__ = name

@@ -7,9 +7,8 @@ from typing import Annotated
 import typer
 
 from ddtree_deploy import output as out
+from ddtree_deploy.commands._builtin import play_builtin
 from ddtree_deploy.commands.push import OverlaysDirOption
-from ddtree_deploy.fleet import FleetOptions, connecting
-from ddtree_deploy.inventory import load_inventory, select_hosts
 
 
 def rollback(
@@ -27,17 +26,6 @@ def rollback(
 
     Hosts with nothing deployed and no interrupted operation are left alone. Exit codes as for push.
     """
-    with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key)
-        with connecting(inv, hosts, "rollback", fleet_options) as started:
-            # imported once the hosts are connecting, so the two overlap (see push)
-            from ddtree_deploy import playbook
-            from ddtree_deploy.commands._play import exit_code, render, run_playbook
-            from ddtree_deploy.steps import RunOptions
-
-            options = RunOptions(to_snapshot=to, force=force, overlays_dir=overlays)
-            report = run_playbook(inv, hosts, playbook.builtin("rollback"), options, None, fleet_options,
-                                  as_json=as_json, started=started)
-    out.emit(report, as_json=as_json, human=render, code=exit_code(report))
+    play_builtin("rollback", host=host, group=group, all_hosts=all_hosts, inventory=inventory,
+                 accept_new_host_key=accept_new_host_key, as_json=as_json, default_all=True,
+                 to_snapshot=to, force=force, overlays_dir=overlays)

@@ -1,0 +1,37 @@
+"""Playing a built-in playbook from a command: select the hosts, start connecting, then import the steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddtree_deploy import output as out
+from ddtree_deploy.fleet import FleetOptions, connecting
+from ddtree_deploy.inventory import load_inventory, select_hosts
+
+
+def play_builtin(
+    name: str,
+    *,
+    host: list[str] | None,
+    group: list[str] | None,
+    all_hosts: bool,
+    inventory: str | None,
+    accept_new_host_key: bool,
+    as_json: bool,
+    default_all: bool = False,
+    **run_options: Any,
+) -> None:
+    """Play `playbooks/<name>.yaml` on the selected hosts with these `RunOptions`, render it, exit with its code."""
+    with out.errors_rendered(as_json):
+        inv = load_inventory(inventory)
+        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=default_all)
+        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        with connecting(inv, hosts, name, fleet_options) as started:
+            # imported once the hosts are connecting, so the two overlap (see push)
+            from ddtree_deploy import playbook
+            from ddtree_deploy.commands._play import exit_code, render, run_playbook
+            from ddtree_deploy.steps import RunOptions
+
+            report = run_playbook(inv, hosts, playbook.builtin(name), RunOptions(**run_options), None,
+                                  fleet_options, as_json=as_json, started=started)
+    out.emit(report, as_json=as_json, human=render, code=exit_code(report))
