@@ -67,20 +67,32 @@ def env_id(package_root: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+TEMP_PREFIX = ".ddtree-tmp-"
+
+
+def staged_bytes(data: bytes, folder: str, mode: int) -> str:
+    """A fsynced temp file with `data` and `mode` in `folder` (removed again if anything fails)."""
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        return tmp
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
     """Temp file in the same folder, fsync, rename: a reader sees the old or the new bytes, never half."""
     folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".ddtree-tmp-", dir=folder)
+    tmp = staged_bytes(data, folder, mode)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
     fsync_dir(folder)
 

@@ -32,12 +32,21 @@ import tempfile
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .common import Context, HelperFailure, append_history, atomic_write, fsync_dir, read_json, write_json
+from .common import (
+    TEMP_PREFIX,
+    Context,
+    HelperFailure,
+    append_history,
+    atomic_write,
+    fsync_dir,
+    read_json,
+    staged_bytes,
+    write_json,
+)
 
 PACKAGE = "sglang"
 DIST_INFO = re.compile(r"^%s-[0-9][^-/]*\.dist-info$" % PACKAGE)
 DERIVED_DIRS = ("__pycache__",)
-TEMP_PREFIX = ".ddtree-tmp-"
 #: entries modified this close to a scan are re-hashed next time (git's "racily clean" rule)
 RACY_NS = 2 * 10**9
 CHUNK = 1 << 20
@@ -278,20 +287,6 @@ def staged_copy(source: str, folder: str, sha: str, mode: int, durable: bool = T
                 "retry; if it repeats, the object store is damaged",
                 path=source,
             )
-        os.chmod(tmp, mode)
-        return tmp
-    except BaseException:
-        remove_quietly(tmp)
-        raise
-
-
-def staged_bytes(data: bytes, folder: str, mode: int) -> str:
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
         os.chmod(tmp, mode)
         return tmp
     except BaseException:
