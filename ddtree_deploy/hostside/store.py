@@ -4,7 +4,7 @@ Ops: `snapshot`, `snapshots`, `read_files`, `apply`, `restore`, `verify`, `prune
 `sglang/` folder plus its `sglang-<version>.dist-info/` in the package root; `__pycache__` folders
 are derived data and never part of it. State layout under ctx.state_dir:
 
-    objects/ab/cdef...        file contents by sha256, written temp + fsync + rename
+    objects/                  file contents by sha256, loose or packed (objects.py owns them)
     snapshots/<id>.json       manifest: files {path: {sha256, mode, size} or {link}}, dirs, state, ...
     snapshots/index.jsonl     one summary line per snapshot (so listing never parses manifests)
     snapshots/statcache.json  (size, mtime_ns, ctime_ns, inode) -> sha256, like git's index
@@ -30,7 +30,7 @@ import shutil
 import stat
 import tempfile
 import time
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from .common import (
     TEMP_PREFIX,
@@ -43,15 +43,16 @@ from .common import (
     staged_bytes,
     write_json,
 )
+from .objects import Added, Collector, ObjectStore, hash_file, remove_quietly
 
 PACKAGE = "sglang"
 DIST_INFO = re.compile(r"^%s-[0-9][^-/]*\.dist-info$" % PACKAGE)
 DERIVED_DIRS = ("__pycache__",)
 #: entries modified this close to a scan are re-hashed next time (git's "racily clean" rule)
 RACY_NS = 2 * 10**9
-CHUNK = 1 << 20
 
 Entry = Dict[str, Any]  # {"sha256", "mode", "size"} or {"link", "mode", "size", "sha256"}
+Reader = Callable[[str, os.stat_result], str]  # hashes a file the stat cache cannot answer for
 
 
 # ---------------------------------------------------------------- test hook
@@ -115,19 +116,7 @@ def checked_path(ctx: Context, rel: Any) -> str:
     return full
 
 
-def object_path(ctx: Context, sha: str) -> str:
-    return "%s/objects/%s/%s" % (ctx.state_dir, sha[:2], sha[2:])  # hot: called per file per snapshot
-
-
 # ---------------------------------------------------------------- hashing and scanning
-
-
-def hash_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def link_entry(path: str, st: os.stat_result) -> Entry:
@@ -167,13 +156,13 @@ class StatCache:
         self.fresh: Dict[str, List[Any]] = {}
         self.started_ns = time.time_ns()
 
-    def sha(self, full: str, rel: str, st: os.stat_result, force: bool = False) -> str:
+    def sha(self, full: str, rel: str, st: os.stat_result, force: bool = False, read: Optional[Reader] = None) -> str:
         key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         cached = self.entries.get(rel)
         if not force and cached and cached[:4] == key:
             sha = str(cached[4])
         else:
-            sha = hash_file(full)
+            sha = read(full, st) if read else hash_file(full)
         if st.st_mtime_ns < self.started_ns - RACY_NS:
             self.fresh[rel] = key + [sha]
         return sha
@@ -185,9 +174,12 @@ class StatCache:
 
 
 def scan(
-    ctx: Context, cache: StatCache, rehash: Tuple[str, ...] = ()
+    ctx: Context, cache: StatCache, rehash: Tuple[str, ...] = (), read: Optional[Reader] = None
 ) -> Tuple[Dict[str, Entry], Dict[str, int]]:
-    """Every file of the package with its hash, mode and size, and every folder with its mode."""
+    """Every file of the package with its hash, mode and size, and every folder with its mode.
+
+    `read` hashes the files the stat cache cannot answer for (default: `hash_file`).
+    """
     files: Dict[str, Entry] = {}
     dirs: Dict[str, int] = {}
     for rel, st in walk_package(ctx.package_root):
@@ -198,107 +190,11 @@ def scan(
             files[rel] = link_entry(full, st)
         elif stat.S_ISREG(st.st_mode):
             files[rel] = {
-                "sha256": cache.sha(full, rel, st, force=rel in rehash),
+                "sha256": cache.sha(full, rel, st, force=rel in rehash, read=read),
                 "mode": stat.S_IMODE(st.st_mode),
                 "size": st.st_size,
             }
     return files, dirs
-
-
-# ---------------------------------------------------------------- objects
-
-
-def store_object(ctx: Context, source: str, sha: str, durable: bool = True) -> Optional[str]:
-    """Copy `source` into objects/ if missing (temp + fsync + rename); return the object's path if it was new.
-
-    With durable=False the temp is neither fsynced nor renamed: the caller batches that (see `store_batch`).
-    """
-    dest = object_path(ctx, sha)
-    if os.path.exists(dest):
-        return None
-    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
-    tmp = staged_copy(source, os.path.dirname(dest), sha, 0o400, durable)
-    if not durable:
-        return tmp
-    os.replace(tmp, dest)
-    return dest
-
-
-def store_batch(ctx: Context, sources: List[Tuple[str, str]]) -> List[str]:
-    """Store many files with one sync instead of one fsync each (thousands on a first snapshot).
-
-    Every temp is written, then one sync of the state file system makes them durable, then each is
-    renamed into place and a second sync makes the renames durable. On failure the temps and new objects are removed.
-    """
-    staged: List[Tuple[str, str]] = []
-    done: List[str] = []
-    unique = {sha: source for source, sha in sources}  # identical files share one object
-    try:
-        for sha, source in unique.items():
-            tmp = store_object(ctx, source, sha, durable=False)
-            if tmp:
-                staged.append((tmp, object_path(ctx, sha)))
-        sync_filesystem(ctx.state_dir)
-        for tmp, dest in staged:
-            os.replace(tmp, dest)
-            done.append(dest)
-        sync_filesystem(ctx.state_dir)
-    except BaseException:
-        forget_objects([tmp for tmp, _ in staged] + done)
-        for sha in unique:  # a folder made for a temp that failed half-way (a non-empty one stays)
-            rmdir_quietly(os.path.dirname(object_path(ctx, sha)))
-        raise
-    return done
-
-
-def sync_filesystem(folder: str) -> None:
-    """syncfs(2) on the file system holding `folder` (only it, not every disk); os.sync() where unavailable."""
-    try:
-        import ctypes  # imported here: only a snapshot with many new objects needs it
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            if libc.syncfs(fd) == 0:
-                return
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError):
-        pass
-    os.sync()
-
-
-def staged_copy(source: str, folder: str, sha: str, mode: int, durable: bool = True) -> str:
-    """A temp file in `folder` with `source`'s bytes (fsynced), `mode`; refused unless they hash to `sha`."""
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
-    try:
-        h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
-            for block in iter(lambda: src.read(CHUNK), b""):
-                h.update(block)
-                out.write(block)
-            out.flush()
-            if durable:
-                os.fsync(out.fileno())
-        if h.hexdigest() != sha:
-            raise HelperFailure(
-                "content_changed",
-                "%s changed while it was read (or the store is corrupt)" % source,
-                "retry; if it repeats, the object store is damaged",
-                path=source,
-            )
-        os.chmod(tmp, mode)
-        return tmp
-    except BaseException:
-        remove_quietly(tmp)
-        raise
-
-
-def remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------- manifests, state, journal
@@ -385,11 +281,14 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     refuse_if_busy(ctx)
     started = time.time()
     cache = StatCache(ctx)
-    files, dirs = scan(ctx, cache)
+    objects = ObjectStore(ctx, pause_point)
+    collector = Collector(objects, cache.started_ns - RACY_NS)
+    files, dirs = scan(ctx, cache, read=collector.hash)
     sources = [(ctx.package_root + "/" + rel, e["sha256"]) for rel, e in files.items() if "link" not in e]
-    written: List[str] = []
+    added = Added()
     try:
-        written = store_batch(ctx, sources)
+        added = objects.add(objects.from_files(sources, collector.kept))
+        collector.kept.clear()  # stored: let the memory go before the manifest is built
         state = read_json(ctx.path("state.json"))
         snap_id = (
             time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
@@ -409,7 +308,7 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         }
         atomic_write(manifest_path(ctx, snap_id), json.dumps(manifest, separators=(",", ":")).encode())
     except BaseException as exc:
-        forget_objects(written)  # the store stays exactly as it was
+        added.undo()  # the store stays exactly as it was
         if isinstance(exc, OSError):
             raise os_failure(exc, "snapshot") from None
         raise
@@ -424,25 +323,12 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     append_history(ctx, {"op": "snapshot", "id": snap_id, "reason": manifest["reason"], "by": ctx.owner})
     return dict(
         summary,
-        new_objects=len(written),
-        new_bytes=sum(os.path.getsize(p) for p in written),
+        new_objects=added.objects,
+        new_bytes=added.bytes,
         bytes=sum(e["size"] for e in files.values()),
         same_as=same[-1] if same else None,
         seconds=round(time.time() - started, 3),
     )
-
-
-def forget_objects(paths: List[str]) -> None:
-    for path in paths:
-        remove_quietly(path)
-        rmdir_quietly(os.path.dirname(path))
-
-
-def rmdir_quietly(folder: str) -> None:
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass  # not empty: it holds other objects
 
 
 def overlay_label(state: Optional[Dict[str, Any]]) -> Optional[str]:
@@ -527,17 +413,17 @@ def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     kept |= ids_of([base_of(m.get("state")) for m in manifests.values()])
     manifests.update({i: read_json(manifest_path(ctx, i)) or {} for i in kept - set(manifests)})
     dropped = [s["id"] for s in summaries if s["id"] not in kept]
-    unused = unused_objects(ctx, used_objects(manifests.values(), state))
-    freed = sum(size for _, size in unused)
-    if not args.get("dry_run"):
+    dry_run = bool(args.get("dry_run"))
+    if not dry_run:
         for snap_id in dropped:
             remove_quietly(manifest_path(ctx, snap_id))
         rewrite_index(ctx, [s for s in summaries if s["id"] in kept])
-        forget_objects([path for path, _ in unused])
-        append_history(ctx, {"op": "prune", "removed": dropped, "objects": len(unused), "bytes": freed,
+    removed, freed = ObjectStore(ctx, pause_point).prune(used_objects(manifests.values(), state), dry_run)
+    if not dry_run:
+        append_history(ctx, {"op": "prune", "removed": dropped, "objects": removed, "bytes": freed,
                              "by": ctx.owner})
     return {"kept": [s["id"] for s in summaries if s["id"] in kept], "removed": dropped,
-            "objects_removed": len(unused), "bytes_freed": freed, "dry_run": bool(args.get("dry_run"))}
+            "objects_removed": removed, "bytes_freed": freed, "dry_run": dry_run}
 
 
 def base_of(state: Optional[Dict[str, Any]]) -> Optional[str]:
@@ -556,20 +442,6 @@ def used_objects(manifests: Iterable[Dict[str, Any]], state: Dict[str, Any]) -> 
     return used
 
 
-def unused_objects(ctx: Context, used: Set[str]) -> List[Tuple[str, int]]:
-    """(path, size) of every stored object whose sha256 is not in `used`; temp files are left alone."""
-    root = ctx.path("objects")
-    found: List[Tuple[str, int]] = []
-    for prefix in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        folder = os.path.join(root, prefix)
-        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-            sha = prefix + name
-            if re.match(r"^[0-9a-f]{64}$", sha) and sha not in used:
-                path = os.path.join(folder, name)
-                found.append((path, os.path.getsize(path)))
-    return found
-
-
 def rewrite_index(ctx: Context, summaries: List[Dict[str, Any]]) -> None:
     lines = "".join(json.dumps(s, sort_keys=True) + "\n" for s in summaries)
     atomic_write(ctx.path("snapshots", "index.jsonl"), lines.encode())
@@ -582,12 +454,13 @@ def read_files(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     """Hash, mode, size of `paths` (base64 bytes of `want_content`): now, and as `snapshot` recorded them."""
     want = set(args.get("want_content") or [])
     manifest = load_manifest(ctx, args["snapshot"]) if args.get("snapshot") else None
+    objects = ObjectStore(ctx)
     out: Dict[str, Any] = {}
     for rel in args.get("paths") or []:
         full = checked_path(ctx, rel)
         info = describe(full, rel in want)
         if manifest is not None:
-            info["base"] = describe_recorded(ctx, manifest["files"].get(rel), rel in want)
+            info["base"] = describe_recorded(objects, manifest["files"].get(rel), rel in want)
         out[rel] = info
     return {"files": out, "package_root": ctx.package_root}
 
@@ -614,13 +487,12 @@ def describe(full: str, with_content: bool) -> Dict[str, Any]:
     return info
 
 
-def describe_recorded(ctx: Context, entry: Optional[Entry], with_content: bool) -> Dict[str, Any]:
+def describe_recorded(objects: ObjectStore, entry: Optional[Entry], with_content: bool) -> Dict[str, Any]:
     if entry is None:
         return {"exists": False}
     info = dict(entry, exists=True)
     if with_content and "link" not in entry:
-        with open(object_path(ctx, entry["sha256"]), "rb") as f:
-            info["content"] = base64.b64encode(f.read()).decode()
+        info["content"] = base64.b64encode(objects.read(entry["sha256"])).decode()
     return info
 
 
@@ -801,9 +673,9 @@ def probe_writable(paths: List[str]) -> None:
 
 def ensure_preimage_objects(ctx: Context, changes: List[Dict[str, Any]], targets: List[str]) -> None:
     """The bytes a rollback needs are in the store before anything is replaced (normally already there)."""
-    for change, full in zip(changes, targets):
-        if change.get("expect"):
-            store_object(ctx, full, change["expect"])
+    objects = ObjectStore(ctx)
+    sources = [(full, change["expect"]) for change, full in zip(changes, targets) if change.get("expect")]
+    objects.add(objects.from_files(sources, {}))
 
 
 def undo_staging(ctx: Context, temps: List[Optional[str]], new_dirs: List[str]) -> None:
@@ -934,6 +806,7 @@ def stage_restore(
     temps: Dict[str, str] = {}
     made: List[str] = []
     write, mkdir = todo["write"], todo["mkdir"]
+    objects = ObjectStore(ctx)
     try:
         probe_writable(
             [
@@ -952,9 +825,7 @@ def stage_restore(
             if "link" in entry:
                 temps[rel] = staged_link(entry["link"], folder)
             else:
-                temps[rel] = staged_copy(
-                    object_path(ctx, entry["sha256"]), folder, entry["sha256"], entry["mode"]
-                )
+                temps[rel] = objects.staged_copy(entry["sha256"], folder, entry["mode"])
     except BaseException as exc:
         for tmp in temps.values():
             remove_quietly(tmp)
