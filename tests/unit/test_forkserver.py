@@ -1,0 +1,205 @@
+"""The fork server: a warm server runs a command exactly as the CLI process would, and dies with its client.
+
+Each test has its own private runtime folder (XDG_RUNTIME_DIR), so its server is its own; the
+fixture kills it at the end. Commands run as real subprocesses of the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddtree_deploy import forkserver
+from sandbox.hosts import SandboxHost
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Runtime:
+    """A private runtime folder and the environment that points the CLI at it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.env = {**os.environ, "XDG_RUNTIME_DIR": str(folder), forkserver.IDLE_ENV: "60"}
+        self.env.pop(forkserver.SWITCH, None)
+
+    @property
+    def server_folder(self) -> Path:
+        return self.folder / "ddtree-deploy"
+
+    def cli(self, *args: str, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", *args], cwd=cwd, text=True,
+                              capture_output=True, env={**self.env, **env}, timeout=120, check=False)
+
+    def wait_for_server(self) -> int:
+        """The serving pid, once its socket is up (the first command starts it as it exits)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            serving = [line for line in self.log().splitlines() if "serving as pid" in line]
+            if serving and list(self.server_folder.glob("*.sock")):
+                return int(serving[-1].split()[-1])
+            time.sleep(0.05)
+        raise AssertionError(f"no fork server came up:\n{self.log()}")
+
+    def log(self) -> str:
+        return "".join(p.read_text() for p in self.server_folder.glob("*.log"))
+
+    def children(self) -> list[int]:
+        return [int(line.split()[2].rstrip(":")) for line in self.log().splitlines() if " pid " in line and ": " in line
+                and "serving" not in line and "client gone" not in line]
+
+    def stop_servers(self) -> None:
+        for lock in self.server_folder.glob("*.lock"):
+            text = lock.read_text().strip()
+            if text:
+                kill_quietly(int(text), signal.SIGKILL)
+
+
+def kill_quietly(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead for our purposes
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def wait_until(condition: object, what: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def runtime() -> Iterator[Runtime]:
+    # Not tmp_path: a unix socket path must stay under 108 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="fs-"))
+    rt = Runtime(folder)
+    try:
+        yield rt
+    finally:
+        rt.stop_servers()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_warm_server_runs_the_command_with_the_clients_folder_environment_and_exit_code(
+        runtime: Runtime, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    shutil.copytree(REPO / "overlays" / "ddtree" / "0.1.0", work / "mine" / "ddtree" / "0.1.0")
+    first = runtime.cli("overlay", "list", "--json", cwd=work, DDTREE_OVERLAYS="mine")
+    runtime.wait_for_server()
+    served = runtime.cli("overlay", "list", "--json", cwd=work, DDTREE_OVERLAYS="mine")
+    assert served.returncode == first.returncode == 0
+    assert served.stdout == first.stdout and served.stderr == first.stderr == ""
+    listed = json.loads(served.stdout)["data"]
+    assert [o["version"] for o in listed["overlays"]] == ["0.1.0"]  # the relative folder, from the client's cwd
+    assert len(runtime.children()) == 1, runtime.log()  # the second run, and only it, was the server's
+
+    bad = runtime.cli("push", "--host", "nowhere", "--inventory", str(tmp_path / "missing.yaml"), cwd=work)
+    unserved = runtime.cli("push", "--host", "nowhere", "--inventory", str(tmp_path / "missing.yaml"), cwd=work,
+                           **{forkserver.SWITCH: "0"})
+    assert bad.returncode == unserved.returncode != 0
+    assert bad.stderr == unserved.stderr and "missing.yaml" in bad.stderr and bad.stdout == unserved.stdout
+    assert len(runtime.children()) == 2
+
+
+def test_stale_code_or_another_search_path_gets_another_server(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(forkserver, "PACKAGE_DIR", tmp_path)
+    before = forkserver.server_key()
+    assert forkserver.server_key() == before
+    os.utime(tmp_path / "a.py", ns=(1, 1))
+    edited = forkserver.server_key()
+    assert edited != before
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path / "elsewhere")])
+    assert forkserver.server_key() != edited
+
+
+def test_a_runtime_folder_others_can_open_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert forkserver.private_folder() == tmp_path / "ddtree-deploy"
+    (tmp_path / "ddtree-deploy").chmod(0o755)
+    assert forkserver.private_folder() is None
+    assert forkserver.server_paths() is None
+
+
+def test_only_one_server_starts_however_many_clients_ask(runtime: Runtime) -> None:
+    procs = [subprocess.Popen([sys.executable, "-m", "ddtree_deploy.cli", "overlay", "list", "--json"], cwd=REPO,
+                              env=runtime.env, stdout=subprocess.DEVNULL) for _ in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    runtime.wait_for_server()
+    time.sleep(2)  # a second server, had one started, would be importing now
+    assert runtime.log().count("serving as pid") == 1, runtime.log()
+
+
+def test_an_idle_server_exits_and_removes_its_socket(runtime: Runtime) -> None:
+    runtime.env[forkserver.IDLE_ENV] = "0.5"
+    assert runtime.cli("overlay", "list", "--json").returncode == 0
+    pid = runtime.wait_for_server()
+    wait_until(lambda: not alive(pid), "the idle server never exited")
+    assert not list(runtime.server_folder.glob("*.sock"))
+    assert "idle: exiting" in runtime.log()
+
+
+@pytest.fixture
+def paused_push(runtime: Runtime, make_host: Callable[..., SandboxHost], tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A served `push` to a local host whose helper is paused mid-apply (its pid in the signal file)."""
+    host = make_host("ct200")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"ct200": host.inventory_entry(transport="local")}}))
+    runtime.env.update(DDTREE_INVENTORY=str(inventory), DDTREE_OVERLAYS=str(REPO / "overlays"))
+    assert runtime.cli("overlay", "list", "--json").returncode == 0
+    runtime.wait_for_server()
+    signal_file = tmp_path / "paused"
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_deploy.cli", "push", "--host", "ct200", "--overlay",
+                             "ddtree@0.1.0", "--json"], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                            env={**runtime.env, "DDTREE_TEST_PAUSE_AT": "journal_written",
+                                 "DDTREE_TEST_PAUSE_SIGNAL": str(signal_file)})
+    wait_until(lambda: signal_file.exists() and signal_file.read_text(), "the push never paused", seconds=120)
+    try:
+        yield proc, signal_file
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_client_killed_by_sigkill_takes_its_command_and_helper_with_it(
+        runtime: Runtime, paused_push: tuple[subprocess.Popen[str], Path]) -> None:
+    proc, signal_file = paused_push
+    helper = int(signal_file.read_text())
+    (child,) = runtime.children()[-1:]
+    assert alive(child) and alive(helper)
+    proc.kill()
+    proc.wait()
+    wait_until(lambda: not alive(child) and not alive(helper), "the command outlived its killed client")
+    status = json.loads(runtime.cli("status", "--json").stdout)["data"]["hosts"][0]["result"]
+    assert status["journal_open"] is True  # as after any killed controller; rollback undoes it (tests/push)
+
+
+def test_a_signal_to_the_client_reaches_the_command(runtime: Runtime,
+                                                    paused_push: tuple[subprocess.Popen[str], Path]) -> None:
+    proc, signal_file = paused_push
+    helper = int(signal_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == -signal.SIGTERM  # the client ends as the command did
+    wait_until(lambda: not alive(helper), "SIGTERM never reached the command's process group")
