@@ -4,6 +4,8 @@
   ~/.cache/ddtree-deploy) and the helper context for it.
 - `site`, `ctx`: the few real files the `mini` test overlay patches plus the dist-info, for the
   many tests that do not need 80 MB (ops are called in-process through `ctx`).
+- `layout`: runs a test twice, with the store's objects loose and with every batch packed (the
+  small package has fewer files than objects.PACK_MIN, so it is loose unless told otherwise).
 Plain helpers (tree hashes, tmpfs, in-process push) are in store_helpers.py.
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 from store_helpers import OVERLAYS, build_small_site, make_ctx
 
+from ddtree_deploy.hostside import objects
 from ddtree_deploy.hostside.common import Context
 from ddtree_deploy.overlay import Overlay, load_overlay
 from sandbox.hosts import release_image
@@ -54,3 +57,10 @@ def ctx(site: Path, tmp_path: Path) -> Context:
 @pytest.fixture
 def mini() -> Callable[[str], Overlay]:
     return lambda version: load_overlay(f"mini@{version}", OVERLAYS)
+
+
+@pytest.fixture(params=["loose", "packed"])
+def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "packed":
+        monkeypatch.setattr(objects, "PACK_MIN", 1)
+    return str(request.param)

@@ -1,4 +1,4 @@
-"""Helpers for the store tests that are not fixtures: tree hashes, tmpfs mounts, filling a disk."""
+"""Helpers for the store tests that are not fixtures: tree hashes, stored objects, tmpfs mounts, filling a disk."""
 
 from __future__ import annotations
 
@@ -6,15 +6,19 @@ import errno
 import hashlib
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ddtree_deploy.hostside import store
+import pytest
+
+from ddtree_deploy.hostside import objects, store
 from ddtree_deploy.hostside.common import Context, read_json
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import HostFile, Overlay, Plan, plan
@@ -38,6 +42,23 @@ def tree_state(root: Path) -> dict[str, Any]:
                 out[f"{rel_folder}/{name}"] = (hashlib.sha256(path.read_bytes()).hexdigest(),
                                                stat.S_IMODE(path.lstat().st_mode))
     return out
+
+
+def stored_objects(ctx: Context) -> dict[str, list[str]]:
+    """Where each stored content sits: the loose objects under "loose", each pack's under its file name."""
+    store = objects.ObjectStore(ctx)
+    places: dict[str, list[str]] = {}
+    loose = [prefix + name for prefix in sorted(os.listdir(store.root)) if len(prefix) == 2
+             for name in sorted(os.listdir(os.path.join(store.root, prefix)))] if os.path.isdir(store.root) else []
+    if loose:
+        places["loose"] = loose
+    for pack, index in store.packs():
+        places[os.path.basename(pack)] = sorted(index)
+    return places
+
+
+def object_count(ctx: Context) -> int:
+    return sum(len(shas) for shas in stored_objects(ctx).values())
 
 
 def folder_listing(root: Path) -> dict[str, int]:
@@ -104,3 +125,29 @@ def push_in_process(ctx: Context, overlay: Overlay) -> tuple[Plan, str]:
     snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
     store.apply(ctx, the_plan.helper_args(snap))
     return the_plan, snap
+
+
+def run_and_kill(work: Callable[[], object], point: str, tmp_path: Path) -> None:
+    """Run `work` as a forked controller in its own session, its helper pausing at `point`; SIGKILL the session there."""
+    signal_file = tmp_path / f"paused-{point.replace(':', '-')}"
+    pid = os.fork()
+    if pid == 0:  # the controller: its helper subprocess inherits the pause settings
+        status = 1
+        try:
+            os.setsid()
+            os.environ.update(DDTREE_TEST_PAUSE_AT=point, DDTREE_TEST_PAUSE_SIGNAL=str(signal_file),
+                              DDTREE_TEST_PAUSE_S="120")
+            work()
+            status = 0
+        finally:
+            os._exit(status)
+    deadline = time.monotonic() + 60
+    while not signal_file.exists():
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            pytest.fail(f"controller ended (status {status}) before its helper paused at {point}")
+        assert time.monotonic() < deadline, f"helper never reached {point}"
+        time.sleep(0.02)
+    os.killpg(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL

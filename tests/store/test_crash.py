@@ -6,14 +6,10 @@ must then restore the pre-push package bit-exact.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from store_helpers import OVERLAYS, local_transport, tree_state
+from store_helpers import OVERLAYS, local_transport, run_and_kill, tree_state
 
 from ddtree_deploy import snapshot
 from ddtree_deploy.errors import HelperError
@@ -28,32 +24,6 @@ def push(t: LocalTransport) -> None:
     """The controller's side of a push (files only): plan, snapshot, journaled apply."""
     plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17", deployed=snapshot.deployed_state(t))
     snapshot.apply_plan(t, plan, snapshot.take_snapshot(t, "pre-push").id)
-
-
-def run_and_kill(work: Callable[[], object], point: str, tmp_path: Path) -> None:
-    """Run `work` as a forked controller in its own session, its helper pausing at `point`; SIGKILL the session there."""
-    signal_file = tmp_path / f"paused-{point.replace(':', '-')}"
-    pid = os.fork()
-    if pid == 0:  # the controller: its helper subprocess inherits the pause settings
-        status = 1
-        try:
-            os.setsid()
-            os.environ.update(DDTREE_TEST_PAUSE_AT=point, DDTREE_TEST_PAUSE_SIGNAL=str(signal_file),
-                              DDTREE_TEST_PAUSE_S="120")
-            work()
-            status = 0
-        finally:
-            os._exit(status)
-    deadline = time.monotonic() + 60
-    while not signal_file.exists():
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            pytest.fail(f"controller ended (status {status}) before its helper paused at {point}")
-        assert time.monotonic() < deadline, f"helper never reached {point}"
-        time.sleep(0.02)
-    os.killpg(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
 def assert_refused_until_rollback(t: LocalTransport, site: Path, before: dict[str, object], plan: Plan) -> None:

@@ -56,7 +56,7 @@ def test_restore_on_a_full_package_disk_changes_nothing(
         assert host_snapshot(site, Path(ctx.state_dir)) == before
 
 
-def test_snapshot_into_a_full_state_disk_leaves_the_store_as_it_was(site: Path, tmp_path: Path) -> None:
+def test_snapshot_into_a_full_state_disk_leaves_the_store_as_it_was(site: Path, tmp_path: Path, layout: str) -> None:
     with tmpfs(tmp_path / "statedisk", "256k") as disk:  # the package holds ~700 KB
         ctx = make_ctx(site, disk)
         ctx.ensure_state_dir()
@@ -65,6 +65,19 @@ def test_snapshot_into_a_full_state_disk_leaves_the_store_as_it_was(site: Path, 
             store.snapshot(ctx, {"reason": "r"})
         assert err.value.code == "disk_full"
         assert host_snapshot(site, disk) == before
+
+
+def test_a_first_snapshot_of_the_release_into_a_small_state_disk_leaves_no_pack(
+        full_site: Path, tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "statedisk", "16m") as disk:  # the release holds ~73 MB, packed in one file
+        ctx = make_ctx(full_site, disk)
+        ctx.ensure_state_dir()
+        before = host_snapshot(full_site, disk)
+        with pytest.raises(HelperFailure) as err:
+            store.snapshot(ctx, {"reason": "r"})
+        assert err.value.code == "disk_full" and "nothing was changed" in err.value.message
+        assert host_snapshot(full_site, disk) == before
+        assert err.value.message.count("\n") == 0
 
 
 def test_a_read_only_package_folder_refuses_apply_and_restore_unchanged(

@@ -6,11 +6,12 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from store_helpers import folder_listing, plan_in_process, push_in_process, tree_state
+from store_helpers import folder_listing, object_count, plan_in_process, push_in_process, stored_objects, tree_state
 
-from ddtree_deploy.hostside import store
+from ddtree_deploy.hostside import objects, store
 from ddtree_deploy.hostside.common import Context, HelperFailure, read_json
 from ddtree_deploy.overlay import Overlay
 
@@ -21,16 +22,25 @@ MINI_V2 = "sglang/srt/speculative/mini_v2.py"
 
 
 def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record every file the helper reads to hash it."""
+    """Record every file the helper reads to hash it (a snapshot's scan reads through its Collector)."""
     calls: list[str] = []
-    real = store.hash_file
+    real_hash, real_collect = store.hash_file, objects.Collector.hash
 
     def counting(path: str) -> str:
         calls.append(path)
-        return real(path)
+        return real_hash(path)
+
+    def collecting(self: objects.Collector, path: str, st: os.stat_result) -> str:
+        calls.append(path)
+        return real_collect(self, path, st)
 
     monkeypatch.setattr(store, "hash_file", counting)
+    monkeypatch.setattr(objects.Collector, "hash", collecting)
     return calls
+
+
+def manifest_of(ctx: Context, snap_id: str) -> dict[str, Any]:
+    return json.loads(Path(ctx.path("snapshots", snap_id + ".json")).read_text())
 
 
 def test_first_snapshot_stores_the_whole_release_and_later_ones_read_only_what_changed(
@@ -45,9 +55,11 @@ def test_first_snapshot_stores_the_whole_release_and_later_ones_read_only_what_c
     assert manifest["fingerprint"] == {"torch": "2.11.0"} and manifest["reason"] == "first"
     distinct = {e["sha256"] for e in manifest["files"].values()}
     assert first["new_objects"] == len(distinct) and first["new_bytes"] > 50_000_000
+    (pack, packed), = stored_objects(full_ctx).items()  # one pack and no loose object
+    assert pack.endswith(".pack") and set(packed) == distinct
     entry = manifest["files"][SERVER_ARGS]
-    obj = Path(full_ctx.path("objects", entry["sha256"][:2], entry["sha256"][2:]))
-    assert obj.read_bytes() == (full_site / SERVER_ARGS).read_bytes() and entry["size"] == obj.stat().st_size
+    content = objects.ObjectStore(full_ctx).read(entry["sha256"])
+    assert content == (full_site / SERVER_ARGS).read_bytes() and entry["size"] == len(content)
 
     hashed = count_hashing(monkeypatch)
     second = store.snapshot(full_ctx, {"reason": "second"})
@@ -56,6 +68,7 @@ def test_first_snapshot_stores_the_whole_release_and_later_ones_read_only_what_c
     third = store.snapshot(full_ctx, {"reason": "third"})
     assert hashed == [str(full_site / SERVER_ARGS)]
     assert third["new_objects"] == 1 and third["same_as"] is None
+    assert stored_objects(full_ctx)["loose"] == [manifest_of(full_ctx, third["id"])["files"][SERVER_ARGS]["sha256"]]
 
 
 def test_stat_cache_notices_a_same_size_rewrite_with_its_mtime_put_back(ctx: Context, site: Path) -> None:
@@ -98,7 +111,7 @@ def test_push_then_restore_is_bit_exact_and_pushing_twice_writes_nothing(
 
 
 def test_upgrade_reverts_what_the_new_version_drops_and_rollback_returns_to_the_old_one(
-        ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+        ctx: Context, site: Path, mini: Callable[[str], Overlay], layout: str) -> None:
     pristine = tree_state(site)
     _, base_snap = push_in_process(ctx, mini("0.1.0"))
     on_010 = tree_state(site)
@@ -240,7 +253,7 @@ def test_snapshots_lists_id_time_reason_files_overlay(ctx: Context, mini: Callab
     assert [r["id"] for r in store.snapshots(ctx, {})["snapshots"]] == [first, second["id"]]
 
 
-def test_symlinks_inside_the_package_are_recorded_and_restored(ctx: Context, site: Path) -> None:
+def test_symlinks_inside_the_package_are_recorded_and_restored(ctx: Context, site: Path, layout: str) -> None:
     (site / "sglang/alias.py").symlink_to("version.py")
     pristine = tree_state(site) | {"link": os.readlink(site / "sglang/alias.py")}
     snap = store.snapshot(ctx, {"reason": "r"})["id"]
@@ -286,12 +299,8 @@ def test_bytecode_of_replaced_modules_is_dropped_and_never_snapshotted(
     assert sorted(p.name for p in cache.iterdir()) == ["constants.cpython-311.pyc"]
 
 
-def object_count(ctx: Context) -> int:
-    return sum(len(files) for _, _, files in os.walk(ctx.path("objects")))
-
-
 def test_prune_keeps_the_newest_and_what_rollback_needs_and_frees_the_rest(
-        ctx: Context, site: Path, mini: Callable[[str], Overlay]) -> None:
+        ctx: Context, site: Path, mini: Callable[[str], Overlay], layout: str) -> None:
     pristine = tree_state(site)
     _, base_snap = push_in_process(ctx, mini("0.1.0"))
     on_010 = tree_state(site)
@@ -317,16 +326,24 @@ def test_prune_keeps_the_newest_and_what_rollback_needs_and_frees_the_rest(
     assert store.prune(ctx, {"keep": 5})["removed"] == []
 
 
-def test_prune_removes_the_objects_only_pruned_snapshots_used(ctx: Context, site: Path) -> None:
+def test_prune_removes_the_objects_only_pruned_snapshots_used(ctx: Context, site: Path, layout: str) -> None:
     first = store.snapshot(ctx, {"reason": "a"})["id"]
     (site / SERVER_ARGS).write_bytes(b"# a content only the second snapshot holds\n")
     store.snapshot(ctx, {"reason": "b"})
     (site / SERVER_ARGS).write_bytes(b"# and one only the third holds\n")
     newest = store.snapshot(ctx, {"reason": "c"})["id"]
+    at_newest = tree_state(site)
+    gone = [manifest_of(ctx, first)["files"][SERVER_ARGS]]
     done = store.prune(ctx, {"keep": 1})
     assert done["kept"] == [newest] and len(done["removed"]) == 2 and first in done["removed"]
     assert done["objects_removed"] == 2  # the two server_args.py contents of the pruned ones
+    assert done["bytes_freed"] == gone[0]["size"] + len(b"# a content only the second snapshot holds\n")
+    kept = {e["sha256"] for e in manifest_of(ctx, newest)["files"].values()}
+    assert sorted(sha for shas in stored_objects(ctx).values() for sha in shas) == sorted(kept)
+    (site / SPEC_INFO).unlink()
+    (site / SERVER_ARGS).write_bytes(b"")
     store.restore(ctx, {"snapshot": newest})  # every object the kept snapshot needs is still there
+    assert tree_state(site) == at_newest
 
 
 @pytest.mark.parametrize("keep", [0, -1, "2", True, None])
