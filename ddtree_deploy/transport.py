@@ -158,7 +158,8 @@ class Transport(abc.ABC):
             argv = ["env", *(f"{k}={v}" for k, v in self.host.env.items()), *argv]
         session = self._start(argv)
         try:
-            session.send(json.dumps({"modules": hostside_modules()}).encode() + b"\n")
+            boot = {"modules": hostside_modules(), "bytecode_cache": f"{self.host.state_dir}/helper-bytecode"}
+            session.send(json.dumps(boot).encode() + b"\n")
         except OSError:
             pass  # it died at once (no such python, too old): the first receive tells
         self._session, self._session_pid = session, os.getpid()

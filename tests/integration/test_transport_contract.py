@@ -76,6 +76,32 @@ def test_state_of_a_new_host_is_empty(transport: Transport, tmp_path: Path) -> N
     assert not Path(data["state_dir"]).exists()  # reading state creates nothing
 
 
+def test_the_helpers_bytecode_is_cached_on_the_host_and_a_bad_cache_entry_is_recompiled(
+        transport: Transport, fleet: Fleet, tmp_path: Path) -> None:
+    spec, ssh = spec_for(fleet, "ct129", "local" if isinstance(transport, LocalTransport) else "ssh",
+                         tmp_path / "state")
+    first = transport.call("fingerprint")
+    transport.close()
+    cache = tmp_path / "state" / "ct129" / "helper-bytecode"
+    entries = sorted(cache.iterdir())
+    assert len(entries) >= 3 and stat.S_IMODE(cache.stat().st_mode) == 0o700  # main, common, facts at least
+    inodes = [e.stat().st_ino for e in entries]
+    warm = transport_for(spec, ssh)
+    try:
+        assert warm.call("fingerprint") == first
+    finally:
+        warm.close()
+    assert [e.stat().st_ino for e in entries] == inodes  # read from the cache, not compiled and rewritten
+    for entry in entries:
+        entry.write_bytes(b"not bytecode")  # cut short, or written by another python
+    again = transport_for(spec, ssh)
+    try:
+        assert again.call("fingerprint") == first  # compiled anew from the sources sent
+    finally:
+        again.close()
+    assert sorted(cache.iterdir()) == entries and all(e.read_bytes() != b"not bytecode" for e in entries)
+
+
 def test_lock_cycle_and_second_locker(transport: Transport) -> None:
     first = transport.call("lock", {"owner": "alice", "ttl_s": 600})
     assert first["replaced"] is None
