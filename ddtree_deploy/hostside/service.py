@@ -172,6 +172,15 @@ class _ReadyChecker:
             self._thread.start()
         return False
 
+    def wait(self, seconds: float) -> None:
+        """Sleep `seconds`, but wake as soon as the GET in flight answers 200 (not a poll interval later)."""
+        deadline = time.monotonic() + seconds
+        if self._thread is not None:
+            self._thread.join(seconds)
+        left = deadline - time.monotonic()
+        if left > 0 and self.last.get("status") != 200:
+            time.sleep(left)
+
     def _ask(self) -> None:
         self.last = http_request(self.port, self.path, timeout=self.timeout)
 
@@ -501,7 +510,7 @@ def service_wait(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         if time.monotonic() - started >= timeout:
             reason = "timeout"
             break
-        time.sleep(poll)
+        checker.wait(poll)
     identity = {k: v for k, v in backend.describe().items() if k in ("pid", "argv", "unit") and v is not None}
     return dict(extra, ready=reason == "ready", reason=reason, waited_s=time.monotonic() - started,
                 log_tail=backend.tail(TAIL_LINES)[0], log_offset=scanner.offset, last_http=checker.last,
