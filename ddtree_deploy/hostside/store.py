@@ -397,8 +397,9 @@ def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
 
     + keep (>= 1); dry_run: say what would go, remove nothing.
     Never removed: the deployed state's rollback target and base, and the base of the overlay each
-    kept snapshot recorded (a push on top of a restored snapshot reads its reverts from that base). Manifests go first, objects last, so a kill midway
-    leaves only unused objects, which the next prune removes.
+    kept snapshot recorded (a push on top of a restored snapshot reads its reverts from that base).
+    Manifests go first, objects last (`ObjectStore.prune`: loose ones, packs, a killed run's leftovers),
+    so a kill midway leaves only unused objects, which the next prune removes.
     """
     keep = args.get("keep")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
