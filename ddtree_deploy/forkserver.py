@@ -291,6 +291,8 @@ class Server:
             self.close()
 
     def close(self) -> None:
+        # The path goes first: a client that connected since the last accept then reads EOF before any
+        # "pid" line, which tells it that nothing ran, and it runs the command itself.
         try:
             if os.stat(self.paths.socket).st_ino == self.inode:  # not a newer server's socket
                 os.unlink(self.paths.socket)
@@ -368,6 +370,7 @@ class Server:
         try:
             os.setpgid(0, 0)  # its own group: the server can kill it with the local helpers it starts
             signal.set_wakeup_fd(-1)
+            self.selector.close()
             for fd in (self.lock, self.wake_read, self.wake_write, self.listener.fileno(), conn.fileno(),
                        *(c.fileno() for c in self.children.values())):
                 os.close(fd)
@@ -429,6 +432,11 @@ def run_cli(argv: list[str]) -> int:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         sys.stderr.write(f"{exc.code}\n")
+        return 1
+    except BaseException:  # what the interpreter would print for an uncaught exception, and its exit code
+        import traceback
+
+        traceback.print_exc()
         return 1
     finally:
         atexit._run_exitfuncs()  # what the interpreter would run at exit (os._exit skips it)
