@@ -31,6 +31,7 @@ import compileall
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,7 @@ class Timing(BaseModel):
     seconds: float
     load_1m: float = 0.0  # the machine's load average when it ended: the 2 cores are shared
     steps_s: dict[str, float] = {}  # ddtree-deploy only: each step's slowest host
+    served: bool = False  # ddtree-deploy only: run by the warm fork server (see ddtree_deploy/forkserver.py)
 
 
 class Bench(BaseModel):
@@ -196,6 +198,7 @@ def ddtree(bench: Bench, inventory: Path, label: str, *args: str) -> Timing:
     """Run one CLI command on every host; fail loudly unless it exits 0 with every host `ok`."""
     env = {**bench.env, "DDTREE_INVENTORY": str(inventory)}
     argv = [sys.executable, "-m", "ddtree_deploy.cli", *args, "--all", "--json"]
+    served_before = served_commands(bench)
     started = time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
     seconds = time.monotonic() - started
@@ -216,7 +219,24 @@ def ddtree(bench: Bench, inventory: Path, label: str, *args: str) -> Timing:
     for row in rows:
         for step in row["result"]["steps"]:
             steps[step["step"]] = max(steps.get(step["step"], 0.0), step.get("duration_s") or 0.0)
-    return Timing(tool="ddtree-deploy", op=label, seconds=seconds, steps_s=steps)
+    return Timing(tool="ddtree-deploy", op=label, seconds=seconds, steps_s=steps,
+                  served=served_commands(bench) > served_before)
+
+
+def served_commands(bench: Bench) -> int:
+    """Commands the fork server has forked so far (one `pid N: argv` line each in its log)."""
+    logs = (bench.root / "runtime" / "ddtree-deploy").glob("*.log")
+    return sum(1 for log in logs for line in log.read_text().splitlines() if re.search(r" pid \d+: ", line))
+
+
+def stop_fork_servers(folder: Path) -> None:
+    for lock in (folder / "runtime" / "ddtree-deploy").glob("*.lock"):
+        pid = lock.read_text().strip()
+        if pid:
+            try:
+                os.kill(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
 
 def why_not_ok(row: dict[str, Any]) -> str:
@@ -409,7 +429,7 @@ def check(bench: Bench, timing: Timing, expect: Expect) -> Timing:
     timing.load_1m = os.getloadavg()[0]
     print(
         f"  {timing.tool:13s} {timing.op:28s} {timing.seconds:6.2f}s  load {timing.load_1m:4.1f}  "
-        "every host as expected",
+        f"every host as expected{'  (served by the fork server)' if timing.served else ''}",
         flush=True,
     )
     return timing
@@ -516,7 +536,7 @@ def print_report(timings: list[Timing]) -> list[dict[str, Any]]:
     for t in timings:
         if t.tool == "ddtree-deploy":
             steps = "  ".join(f"{k} {v:.2f}" for k, v in t.steps_s.items())
-            print(f"  {t.op:30s} {t.seconds:6.2f}s  {steps}")
+            print(f"  {t.op:30s} {t.seconds:6.2f}s  {steps}{'  [fork server]' if t.served else ''}")
     return rows
 
 
@@ -541,6 +561,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({"bench": "push", "overlay": opts.overlay, "goal": GOAL, "rows": rows}))
         say("done")
     finally:
+        stop_fork_servers(folder)
         killed = stop_standins(folder)
         if killed:
             print(f"stopped stand-in servers left running: {killed}")
@@ -566,7 +587,11 @@ def setup(folder: Path, fleet: Fleet, overlay: str, say: Callable[[str], None]) 
     first = next(iter(fleet.hosts))
     say(f"stand-in compile cache warmed in {warm_compile_cache(entries[first]):.1f}s")
     say(f"ddtree_deploy byte-compiled in {compile_ddtree_deploy():.1f}s (as an installed copy is)")
-    env = {**os.environ, "DDTREE_OVERLAYS": str(REPO / "overlays"), "DDTREE_AUDIT_LOG": str(folder / "audit.jsonl")}
+    # A runtime folder of its own: the first command finds no fork server, as on a fresh machine, and
+    # starts the one that serves the later commands (DDTREE_DEPLOY_FORKSERVER=0 benches without it).
+    (folder / "runtime").mkdir(mode=0o700)
+    env = {**os.environ, "DDTREE_OVERLAYS": str(REPO / "overlays"), "DDTREE_AUDIT_LOG": str(folder / "audit.jsonl"),
+           "XDG_RUNTIME_DIR": str(folder / "runtime")}
     bench = Bench(
         root=folder,
         overlay=overlay,
