@@ -384,8 +384,8 @@ class ObjectStore:
             index[s][1] for _, index, unused in shrink for s in unused
         )
         if not dry_run:
-            for pack, index, unused in shrink:
-                self.drop_from_pack(pack, [s for s in index if s not in set(unused)])
+            for pack, index, _ in shrink:
+                self.drop_from_pack(pack, [s for s in index if s in used])
             Added(paths=[path for path, _ in loose + leftovers]).undo()
         return objects, freed
 
