@@ -34,15 +34,19 @@ def _compile_only(root: Path, cache: Path) -> subprocess.CompletedProcess[str]:
 
 def test_compile_gate_uses_content_not_timestamps(tmp_path: Path) -> None:
     root = make_package_root(tmp_path / "site")
+    for path in root.rglob("*.py"):  # old files: their stats are remembered, so later starts only stat them
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns - 86_400 * 10**9))
     cache = tmp_path / "cache.json"
     first = _compile_only(root, cache)
     distinct = {path.read_bytes() for path in root.rglob("*.py")}  # equal sources compile once
     assert first.returncode == 0 and f"({len(distinct)} modules compiled)" in first.stderr
     again = _compile_only(root, cache)
     assert again.returncode == 0 and "(0 modules compiled)" in again.stderr
+    assert len(json.loads(next(tmp_path.glob("cache.json.*.stats")).read_text())) == len(list(root.rglob("*.py")))
     target = root / "sglang" / "srt" / "speculative" / "spec_info.py"
     stat = target.stat()
-    target.write_text("ALGORITHMS = ['EAGLE', 'DFLASH'\n")  # broken, same size and mtime as the good one
+    target.write_text("ALGORITHMS = ['EAGLE', 'DFLASH'\n\n")  # broken, in place: same size, inode and mtime
+    assert target.stat().st_size == stat.st_size and target.stat().st_ino == stat.st_ino
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     broken = _compile_only(root, cache)
     assert broken.returncode == 1
