@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddtree_deploy import runtime
+
 SWITCH = "DDTREE_DEPLOY_FORKSERVER"
 IDLE_ENV = "DDTREE_DEPLOY_FORKSERVER_IDLE_S"
 IDLE_S = 300.0
@@ -62,24 +64,11 @@ def enabled() -> bool:
 
 def server_paths() -> Paths | None:
     """This user's private folder and the current key; None where no safe folder can be had."""
-    folder = private_folder()
+    folder = runtime.private_folder()
     if folder is None:
         return None
     paths = Paths(folder, server_key())
     return paths if len(str(paths.socket)) <= MAX_SOCKET_PATH else None
-
-
-def private_folder() -> Path | None:
-    """$XDG_RUNTIME_DIR/ddtree-deploy, else $TMPDIR/ddtree-deploy-UID: made 0700, refused unless ours alone."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(runtime) / "ddtree-deploy" if runtime else Path(os.environ.get("TMPDIR") or "/tmp") / f"ddtree-deploy-{os.getuid()}"
-    try:
-        base.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(base)
-    except OSError:
-        return None
-    private = st.st_uid == os.getuid() and (st.st_mode & 0o077) == 0 and not os.path.islink(base)
-    return base if private else None  # someone else's folder in /tmp could hand our commands to their server
 
 
 def server_key() -> str:
@@ -245,6 +234,7 @@ def preload() -> None:
         importlib.import_module(name)
     cli.build_app()
     transport.hostside_modules()
+    transport.hostside_bytecode()
     transport.bootstrap_source()
 
 

@@ -90,6 +90,10 @@ class SshSettings(_Strict):
     config: str | None = Field(default=None, description="ssh_config file (default: ~/.ssh/config)")
     known_hosts: str | None = Field(default=None, description="known_hosts file (default: ~/.ssh/known_hosts)")
     connect_timeout_s: float = 10.0
+    control_persist_s: float = Field(
+        default=300.0, ge=0,
+        description="keep an OpenSSH control master per host this long after a command, so the next "
+                    "command's sessions skip the handshake (as Ansible's ControlPersist); 0 turns it off")
 
 
 class Inventory(_Strict):

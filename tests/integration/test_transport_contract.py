@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import marshal
 import os
 import stat
 from collections.abc import Iterator
@@ -76,30 +78,23 @@ def test_state_of_a_new_host_is_empty(transport: Transport, tmp_path: Path) -> N
     assert not Path(data["state_dir"]).exists()  # reading state creates nothing
 
 
-def test_the_helpers_bytecode_is_cached_on_the_host_and_a_bad_cache_entry_is_recompiled(
-        transport: Transport, fleet: Fleet, tmp_path: Path) -> None:
-    spec, ssh = spec_for(fleet, "ct129", "local" if isinstance(transport, LocalTransport) else "ssh",
-                         tmp_path / "state")
-    first = transport.call("fingerprint")
+def test_the_helper_runs_the_controllers_bytecode_when_its_python_reads_it_and_else_the_sources(
+        transport: Transport, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import ddtree_deploy.transport as transport_module
+
+    sent = transport_module.hostside_bytecode()
+    marked = compile(transport_module.hostside_modules()["facts"] + "\nOPS['fingerprint'] = lambda ctx, args: {'from': 'bytecode'}\n",
+                     "facts.py", "exec")
+    bytecode = dict(sent["bytecode"], facts=base64.b64encode(marshal.dumps(marked)).decode())
+    monkeypatch.setattr(transport_module, "hostside_bytecode", lambda: dict(sent, bytecode=bytecode))
+    assert transport.call("fingerprint") == {"from": "bytecode"}  # this python reads it: the sources are not compiled
     transport.close()
-    cache = tmp_path / "state" / "ct129" / "helper-bytecode"
-    entries = sorted(cache.iterdir())
-    assert len(entries) >= 3 and stat.S_IMODE(cache.stat().st_mode) == 0o700  # main, common, facts at least
-    inodes = [e.stat().st_ino for e in entries]
-    warm = transport_for(spec, ssh)
-    try:
-        assert warm.call("fingerprint") == first
-    finally:
-        warm.close()
-    assert [e.stat().st_ino for e in entries] == inodes  # read from the cache, not compiled and rewritten
-    for entry in entries:
-        entry.write_bytes(b"not bytecode")  # cut short, or written by another python
-    again = transport_for(spec, ssh)
-    try:
-        assert again.call("fingerprint") == first  # compiled anew from the sources sent
-    finally:
-        again.close()
-    assert sorted(cache.iterdir()) == entries and all(e.read_bytes() != b"not bytecode" for e in entries)
+    monkeypatch.setattr(transport_module, "hostside_bytecode", lambda: dict(sent, bytecode=bytecode, magic="b3RoZXI="))
+    assert "package_root" in transport.call("fingerprint")  # another python's magic: compiled from the sources
+    transport.close()
+    monkeypatch.setattr(transport_module, "hostside_bytecode", lambda: dict(sent, bytecode=dict(bytecode, facts="bm90")))
+    assert "package_root" in transport.call("fingerprint")  # bytecode that does not load: the sources again
+    assert not (tmp_path / "state").exists()  # nothing is cached on the host
 
 
 def test_lock_cycle_and_second_locker(transport: Transport) -> None:

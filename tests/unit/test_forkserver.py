@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from ddtree_deploy import forkserver
+from ddtree_deploy.runtime import private_folder
 from sandbox.hosts import SandboxHost
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,9 +138,12 @@ def test_stale_code_or_another_search_path_gets_another_server(tmp_path: Path,
 
 def test_a_runtime_folder_others_can_open_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    assert forkserver.private_folder() == tmp_path / "ddtree-deploy"
+    assert private_folder() == tmp_path / "ddtree-deploy"
+    assert private_folder("ssh") == tmp_path / "ddtree-deploy" / "ssh"
+    (tmp_path / "ddtree-deploy" / "ssh").chmod(0o755)
+    assert private_folder("ssh") is None and private_folder() is not None
     (tmp_path / "ddtree-deploy").chmod(0o755)
-    assert forkserver.private_folder() is None
+    assert private_folder() is None
     assert forkserver.server_paths() is None
 
 
