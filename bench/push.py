@@ -1,7 +1,8 @@
 """Benchmark: `push` and `rollback` over 4 hosts behind real sshd, beside Ansible doing the same job (goal: >= 8x).
 
-Four loopback hosts (ct129, ct200, ct129b, ct200b: sandbox trees with the real sglang 0.5.17 files,
-each behind its own sshd, reached through ssh_config aliases) run the stand-in server. In one run:
+Four loopback hosts per tool (ct129, ct200, ct129b, ct200b: sandbox trees with the real sglang 0.5.17
+files, each behind its own sshd, reached through ssh_config aliases) run the stand-in server; each tool
+gets its own four, identical, so neither changes what the other finds. In one run:
 
 * ddtree-deploy (`python -m ddtree_deploy.cli ... --json`, a subprocess per command): `push --all`
   then `rollback --all`, twice: a cold round (the first snapshot copies the package into the empty
@@ -54,6 +55,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 from sshd_fleet import Fleet, make_key, require_sshd, start_sshd  # noqa: E402
 
 GOAL = 8.0
+DDTREE, ANSIBLE = "ddtree-deploy", "Ansible"
 HOSTS = {"ct129": "ct129", "ct200": "ct200", "ct129b": "ct129", "ct200b": "ct200"}  # name -> profile
 CLI_TIMEOUT_S = 300
 HEALTH_PATH = "/health_generate"
@@ -83,8 +85,8 @@ class Bench(BaseModel):
     files_inventory: Path
     env: dict[str, str]
     ansible_dir: Path
-    hosts: dict[str, SandboxHost]
-    ports: dict[str, int]
+    hosts: dict[str, dict[str, SandboxHost]]  # by tool: each works on four hosts of its own
+    ports: dict[str, dict[str, int]]  # by tool, then host: its stand-in server's port
 
 
 # ---------------------------------------------------------------- the fleet
@@ -219,7 +221,7 @@ def ddtree(bench: Bench, inventory: Path, label: str, *args: str) -> Timing:
     for row in rows:
         for step in row["result"]["steps"]:
             steps[step["step"]] = max(steps.get(step["step"], 0.0), step.get("duration_s") or 0.0)
-    return Timing(tool="ddtree-deploy", op=label, seconds=seconds, steps_s=steps,
+    return Timing(tool=DDTREE, op=label, seconds=seconds, steps_s=steps,
                   served=served_commands(bench) > served_before)
 
 
@@ -400,7 +402,7 @@ def ansible(bench: Bench, name: str, label: str) -> Timing:
         raise SystemExit(
             f"ansible-playbook {name}.yml: exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
         )
-    return Timing(tool="Ansible", op=label, seconds=seconds)
+    return Timing(tool=ANSIBLE, op=label, seconds=seconds)
 
 
 def close_ssh_masters(bench: Bench) -> None:
@@ -421,10 +423,10 @@ class Expect(BaseModel):
 
 
 def check(bench: Bench, timing: Timing, expect: Expect) -> Timing:
-    for name, host in bench.hosts.items():
-        if package_digest(host, [*bench.new_files, *bench.patched]) != expect.digests[name]:
-            raise SystemExit(f"{timing.tool} {timing.op}: {name}'s package is not in the expected state")
-        if expect.serving and server_algorithm(bench.ports[name]) != expect.algorithm:
+    if digests(bench, timing.tool) != expect.digests:
+        raise SystemExit(f"{timing.tool} {timing.op}: a package is not in the expected state")
+    for name in bench.hosts[timing.tool]:
+        if expect.serving and server_algorithm(bench.ports[timing.tool][name]) != expect.algorithm:
             raise SystemExit(f"{timing.tool} {timing.op}: {name}'s server does not run {expect.algorithm}")
     timing.load_1m = os.getloadavg()[0]
     print(
@@ -441,8 +443,9 @@ def speculative_algorithm(server_args: list[str]) -> str | None:
     return server_args[server_args.index(flag) + 1] if flag in server_args else None
 
 
-def digests(bench: Bench) -> dict[str, str]:
-    return {name: package_digest(host, [*bench.new_files, *bench.patched]) for name, host in bench.hosts.items()}
+def digests(bench: Bench, tool: str) -> dict[str, str]:
+    touched = [*bench.new_files, *bench.patched]
+    return {name: package_digest(host, touched) for name, host in bench.hosts[tool].items()}
 
 
 Runner = Callable[[str, str], Timing]  # (push | rollback, label) -> timing
@@ -466,8 +469,13 @@ def ddtree_runner(bench: Bench, inventory: Path) -> Runner:
 
 def measure(bench: Bench, say: Callable[[str], None]) -> list[Timing]:
     """Every timed round. The order pairs each ddtree-deploy round with an adjacent Ansible one, mirrored
-    (full: D A A D, files only: A D D A), so a load that drifts over the run (2 shared cores) favours neither."""
-    pristine = digests(bench)
+    (full: D A A D, files only: A D D A), so a load that drifts over the run (2 shared cores) favours neither.
+    Each tool works on its own four hosts (identical trees), so neither one's runs change what the other
+    finds: Ansible's rollback rewrites every file of the package, which on shared hosts would make
+    ddtree-deploy's next drift check re-hash the whole package, a cost no real fleet pays between pushes."""
+    pristine = digests(bench, DDTREE)
+    if digests(bench, ANSIBLE) != pristine:
+        raise SystemExit("the two tools' hosts do not start from the same package")
     full_d, files_d = ddtree_runner(bench, bench.inventory), ddtree_runner(bench, bench.files_inventory)
 
     def full_a(op: str, label: str) -> Timing:
@@ -478,25 +486,23 @@ def measure(bench: Bench, say: Callable[[str], None]) -> list[Timing]:
 
     ddtree(bench, bench.inventory, "start", "restart")  # servers run before a push, as on the real hosts
     cold = full_d("push", "push (cold)")
-    pushed = digests(bench)
+    pushed = digests(bench, DDTREE)
     if pushed == pristine:
         raise SystemExit("the push changed no package")
     algorithm = speculative_algorithm(bench.server_args)
     serving = (Expect(digests=pushed, serving=True, algorithm=algorithm), Expect(digests=pristine, serving=True))
     files = (Expect(digests=pushed, serving=False), Expect(digests=pristine, serving=False))
     timings = [check(bench, cold, serving[0]), check(bench, full_d("rollback", "rollback (cold)"), serving[1])]
-    ddtree(bench, bench.inventory, "stop", "stop")  # hand the servers to Ansible (untimed)
-    ansible(bench, "prepare", "prepare")
+    ansible(bench, "prepare", "prepare")  # untimed, as ddtree-deploy's first restart
     ansible(bench, "start", "start")
     timings += rounds(full_a, bench, ["cold"], *serving)
     timings += rounds(files_a, bench, ["files only, cold"], *files)
     timings += rounds(files_d, bench, ["files only, cold", "files only, warm"], *files)
     timings += rounds(files_a, bench, ["files only, warm"], *files)
     timings += rounds(full_a, bench, ["warm"], *serving)
-    ansible(bench, "stop", "stop")  # and back to ddtree-deploy (untimed)
-    ddtree(bench, bench.inventory, "start", "restart")
     timings += rounds(full_d, bench, ["warm"], *serving)
     ddtree(bench, bench.inventory, "stop", "stop")
+    ansible(bench, "stop", "stop")
     say("all rounds done")
     return timings
 
@@ -551,12 +557,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.monotonic() - began:6.1f}s] {message}", flush=True)
 
     folder = Path(tempfile.mkdtemp(prefix="ddtree-bench-push-"))
-    fleet: Fleet | None = None
+    fleets: list[Fleet] = []
     bench: Bench | None = None
     try:
-        fleet = start_hosts(folder / "fleet")
-        say(f"4 hosts built and their sshd started under {folder}")
-        bench = setup(folder, fleet, opts.overlay, say)
+        fleets.append(start_hosts(folder / "fleet"))
+        fleets.append(start_hosts(folder / "fleet-ansible"))
+        say(f"4 hosts for each tool built and their sshd started under {folder}")
+        bench = setup(folder, fleets[0], fleets[1], opts.overlay, say)
         rows = print_report(measure(bench, say))
         print(json.dumps({"bench": "push", "overlay": opts.overlay, "goal": GOAL, "rows": rows}))
         say("done")
@@ -567,19 +574,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"stopped stand-in servers left running: {killed}")
         if bench is not None:
             close_ssh_masters(bench)
-        if fleet is not None:
+        for fleet in fleets:
             fleet.stop()
         if not opts.keep:
             subprocess.run(["rm", "-rf", "--", str(folder)], check=False)
 
 
-def setup(folder: Path, fleet: Fleet, overlay: str, say: Callable[[str], None]) -> Bench:
+def setup(folder: Path, fleet: Fleet, ansible_fleet: Fleet, overlay: str, say: Callable[[str], None]) -> Bench:
     """Inventories (with and without services), the warmed compile cache, and the Ansible project."""
     name, _, version = overlay.partition("@")
     overlay_dir = REPO / "overlays" / name / version
     manifest = yaml.safe_load((overlay_dir / "overlay.yaml").read_text())
-    ports = {name: free_port() for name in fleet.hosts}
-    entries = service_entries(fleet, ports, folder / "compile-cache.json")
+    ports = {tool: {name: free_port() for name in fleet.hosts} for tool in (DDTREE, ANSIBLE)}
+    entries = service_entries(fleet, ports[DDTREE], folder / "compile-cache.json")
     inventory = fleet.write_inventory(folder / "inventory.yaml", hosts=entries)
     files_inventory = fleet.write_inventory(
         folder / "inventory-files.yaml", state_base=folder / "state-files", hosts=files_only_entries(fleet)
@@ -603,10 +610,10 @@ def setup(folder: Path, fleet: Fleet, overlay: str, say: Callable[[str], None]) 
         files_inventory=files_inventory,
         env=env,
         ansible_dir=folder / "ansible",
-        hosts=fleet.hosts,
+        hosts={DDTREE: fleet.hosts, ANSIBLE: ansible_fleet.hosts},
         ports=ports,
     )
-    ansible_project(bench, fleet, entries)
+    ansible_project(bench, ansible_fleet, service_entries(ansible_fleet, ports[ANSIBLE], folder / "compile-cache.json"))
     return bench
 
 
