@@ -2,14 +2,15 @@
 # Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/deploy_on_gpu.sh
 # "The tool deploys it for real": the real SGLang 0.5.17 (pristine, /tmp/site) serves the copy pair;
 # ddtree-deploy (this checkout, transport: local) restarts it as the pre-push server, pushes
-# ddtree 0.2.0 (snapshot, apply, restart with DDTREE, probes incl. lossless against the pre-push
-# answers), then pushes a deliberately broken 0.2.99 (its ddtree_spec.py raises at import, so the
-# server dies at start-up), which must fail fast and roll back to a healthy 0.2.0 server.
+# ddtree $DDTREE_VERSION (default 0.2.1, the newest; snapshot, apply, restart with DDTREE, probes incl.
+# lossless against the pre-push answers), then pushes a deliberately broken 0.2.99 (that version with
+# its ddtree_spec.py raising at import, so the server dies at start-up), which must fail fast and roll
+# back to a healthy server running the good version.
 # Carry: .gpu/site.tar.xz .gpu/scripts (and .gpu/jitcache.tar.gz, .gpu/triton_cache.tar.gz if any).
 # Everything lands in $OUT/deploy.tar.gz (transcript, JSON answers, inventory, server logs).
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-OUT=${OUT:-/tmp/out}; W=$OUT/w; mkdir -p "$W"; R=$(pwd); G=$R/.gpu
+OUT=${OUT:-/tmp/out}; W=$OUT/w; mkdir -p "$W"; R=$(pwd); G=$R/.gpu; V=${DDTREE_VERSION:-0.2.1}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
 pack() { (cd "$W" && tar -czf "$OUT/deploy.tar.gz" .); }   # after every stage: a timeout loses nothing
@@ -23,8 +24,8 @@ echo "[$(el)s] site and models ready"
 
 # Overlays the tool sees: the repo's ddtree versions plus a broken 0.2.99 made here.
 OV=/tmp/ovl; rm -rf "$OV"; mkdir -p "$OV"; cp -r overlays/ddtree "$OV/ddtree"
-B=$OV/ddtree/0.2.99; cp -r "$OV/ddtree/0.2.0" "$B"
-sed -i 's/^version: 0.2.0/version: 0.2.99/; s/^description: >-/description: >-\n  DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof./' "$B/overlay.yaml"
+B=$OV/ddtree/0.2.99; cp -r "$OV/ddtree/$V" "$B"
+sed -i "s/^version: $V\$/version: 0.2.99/; s/^description: >-/description: >-\n  DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof./" "$B/overlay.yaml"
 printf 'raise RuntimeError("ddtree 0.2.99 is deliberately broken (rollback proof)")\n' >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
 
 PY=$(command -v python3)
@@ -51,7 +52,7 @@ hosts:
     probes:
       - {kind: http, path: /health, status: 200}
 YAML
-cp overlays/ddtree/0.2.0/overlay.yaml "$W/overlay-0.2.0.yaml"
+cp "overlays/ddtree/$V/overlay.yaml" "$W/overlay-$V.yaml"
 # The tool runs from this checkout with the image's python (rich, typer, yaml, requests are there;
 # pydantic comes from /tmp/site).
 tool() {  # name timeout args...
@@ -64,7 +65,7 @@ tool() {  # name timeout args...
 tool status   60 status
 # QUICK=1 (a device budget of a few minutes): no pre-push server (so no lossless reference) and no broken push.
 [ "${QUICK:-0}" = 1 ] || tool start 240 restart --host h200   # the pre-push server: plain target, no DDTREE
-tool push    300 push --host h200 --overlay ddtree@0.2.0  # snapshot, apply, restart with DDTREE, probes
+tool push    300 push --host h200 --overlay "ddtree@$V"  # snapshot, apply, restart with DDTREE, probes
 tool status2  60 status
 timeout 30 python3 - <<'PY' 2>&1 | tee -a "$W/transcript.txt"   # one alternating prompt on the deployed server
 import json, time, urllib.request
