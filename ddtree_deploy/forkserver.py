@@ -102,8 +102,8 @@ def run_through_server(argv: list[str]) -> int | None:
     With no server up, one is started in the background as this process exits, so that it never
     competes with this command for the CPU.
     """
-    if not enabled():
-        return None
+    if not enabled() or not all(is_open(fd) for fd in (0, 1, 2)):
+        return None  # a closed stdio descriptor cannot be passed: run here, as without a server
     paths = server_paths()
     if paths is None:
         return None
@@ -142,6 +142,14 @@ def ask(sock: socket.socket, argv: list[str]) -> int | None:
         sys.stderr.write(f"ddtree-deploy: the fork server went away while pid {child} ran the command\n")
         return 1
     return exit_code(int(finished.split()[1]))
+
+
+def is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def current_umask() -> int:

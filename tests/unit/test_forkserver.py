@@ -123,6 +123,16 @@ def test_a_warm_server_runs_the_command_with_the_clients_folder_environment_and_
     assert len(runtime.children()) == 2
 
 
+def test_a_run_with_a_closed_stdin_is_not_served_and_still_works(runtime: Runtime) -> None:
+    assert runtime.cli("overlay", "list", "--json").returncode == 0
+    runtime.wait_for_server()
+    closed = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "overlay", "list", "--json"], cwd=REPO,
+                            env=runtime.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            preexec_fn=lambda: os.close(0), timeout=120, check=False)
+    assert closed.returncode == 0 and json.loads(closed.stdout)["data"]["overlays"]
+    assert runtime.children() == []  # run in its own process: a closed descriptor cannot be passed
+
+
 def test_stale_code_or_another_search_path_gets_another_server(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a.py").write_text("x = 1\n")
