@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import json
 import os
+import selectors
 import signal
 import socket
 import struct
@@ -250,8 +251,6 @@ class Server:
     """One listening socket; per request a forked child and the client connection that waits for it."""
 
     def __init__(self, paths: Paths, idle_s: float, lock: int) -> None:
-        import selectors
-
         self.paths = paths
         self.lock = lock  # a child closes it: a command still running must not keep a new server out
         self.idle_s = idle_s
@@ -264,8 +263,8 @@ class Server:
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # its only job: make the wakeup fd fire
         self.wake_write = wake_write
-        self.selector.register(self.listener, 1, self.accept)
-        self.selector.register(self.wake_read, 1, self.reap)
+        self.selector.register(self.listener, selectors.EVENT_READ, self.accept)
+        self.selector.register(self.wake_read, selectors.EVENT_READ, self.reap)
 
     def bind(self) -> socket.socket:
         """Bound under a temporary name, then renamed: a client never sees a socket nobody listens on."""
@@ -318,7 +317,7 @@ class Server:
         except OSError:
             forward(pid, signal.SIGKILL)
         self.children[pid] = conn
-        self.selector.register(conn, 1, self.client_readable)
+        self.selector.register(conn, selectors.EVENT_READ, self.client_readable)
 
     def client_readable(self, conn: socket.socket) -> None:
         """A client only ever closes its end: its command must not outlive it."""
