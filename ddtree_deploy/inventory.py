@@ -7,11 +7,13 @@ else `./inventory.yaml`. Nothing here opens a connection.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from ddtree_deploy.errors import InventoryError, UsageError
 from ddtree_deploy.probes import ProbeSpec
@@ -19,6 +21,7 @@ from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 M = TypeVar("M", bound=BaseModel)
 
+ALIAS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 DEFAULT_INVENTORY = "inventory.yaml"
 INVENTORY_ENV = "DDTREE_INVENTORY"
 DEFAULT_FATAL_PATTERNS = [
@@ -72,7 +75,8 @@ class HostSpec(_Strict):
 
     name: str
     transport: Literal["ssh", "local"] = "ssh"
-    ssh: str | None = Field(default=None, description="ssh_config alias (default: the host's name); never a raw IP")
+    ssh: str | None = Field(default=None, validate_default=True,
+                            description="ssh_config alias (default: the host's name); never a raw IP")
     python: str = Field(description="the python of the environment that holds sglang")
     package_root: str | None = Field(default=None, description="site-packages folder holding sglang (default: discovered)")
     state_dir: str = Field(default="~/.local/state/ddtree-deploy", description="base of the host's state")
@@ -84,6 +88,27 @@ class HostSpec(_Strict):
     @property
     def ssh_alias(self) -> str:
         return self.ssh or self.name
+
+    @field_validator("ssh", mode="after")
+    @classmethod
+    def _alias_is_an_alias(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """An ssh_config alias (the host's name by default), not an address, never read by `ssh` as an option."""
+        alias = value or str(info.data.get("name", ""))
+        if info.data.get("transport", "ssh") == "ssh":
+            if not ALIAS.fullmatch(alias):
+                raise ValueError(f"ssh alias {alias!r}: use a plain ssh_config Host name (letters, digits, . _ -, "
+                                 "not starting with -)")
+            if _is_address(alias):
+                raise ValueError(f"ssh alias {alias!r} is an address: name the host in ssh_config and use that alias")
+        return value
+
+
+def _is_address(alias: str) -> bool:
+    try:
+        ipaddress.ip_address(alias)
+    except ValueError:
+        return False
+    return True
 
 
 class SshSettings(_Strict):

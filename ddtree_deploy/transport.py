@@ -208,14 +208,13 @@ class _LocalSession(_Session):
         return code, data
 
 
-def _spawn(argv: list[str], host: str, hint: str) -> _LocalSession:
+def _spawn(argv: list[str], host: str, code: str, hint: str) -> _LocalSession:
     stderr = tempfile.TemporaryFile()  # a file, not a pipe: nobody has to drain it while ops run
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
     except OSError as exc:
         stderr.close()
-        raise TransportError(f"cannot run {argv[0]!r}: {exc.strerror}", host=host, code="python_not_found",
-                             hint=hint) from None
+        raise TransportError(f"cannot run {argv[0]!r}: {exc.strerror}", host=host, code=code, hint=hint) from None
     return _LocalSession(proc, stderr)
 
 
@@ -223,7 +222,7 @@ class LocalTransport(Transport):
     """This machine, through subprocess, with no shell."""
 
     def _start(self, argv: list[str]) -> _Session:
-        return _spawn(argv, self.host.name, "fix the host's python in the inventory")
+        return _spawn(argv, self.host.name, "python_not_found", "fix the host's python in the inventory")
 
 
 class _SSHSession(_Session):
@@ -296,7 +295,7 @@ class SSHTransport(Transport):
         command = " ".join(shlex.quote(word) for word in argv)
         ssh = ["ssh", *self._openssh_options(socket_path), "-o", "ControlMaster=no", self.host.ssh_alias, "--", command]
         self.muxed = True
-        return _spawn(ssh, self.host.name, "check that OpenSSH's ssh client is installed")
+        return _spawn(ssh, self.host.name, "ssh_not_found", "install OpenSSH's client, or set ssh.control_persist_s: 0")
 
     def _leave_master(self) -> None:
         """Start a detached control master for the next commands, unless one is up (it outlives this process)."""

@@ -52,6 +52,8 @@ def test_env_variable_names_the_inventory(tmp_path: Path, monkeypatch: pytest.Mo
         ("hosts: {ct200: {python: /p, service: {kind: process, command: [x], port: abc}}}",
          "host ct200: field service.process.port"),
         ("hosts: {ct200: {}}", "host ct200: field python: Field required"),
+        ("hosts: {ct200: {python: /p, ssh: '-oProxyCommand=touch /tmp/x'}}", "host ct200: field ssh: ssh alias '-oProxyCommand"),
+        ("hosts: {ct200: {python: /p, ssh: 10.0.0.5}}", "host ct200: field ssh: ssh alias '10.0.0.5' is an address"),
         ("hosts: {ct200: {python: /p}}\nextra: 1", "unknown top-level key 'extra'"),
         ("hosts: [ct200", "malformed YAML"),
         ("hosts: {}", "no hosts defined"),
