@@ -43,6 +43,7 @@ IDLE_ENV = "DDTREE_DEPLOY_FORKSERVER_IDLE_S"
 IDLE_S = 300.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
+LOG_LIMIT = 1 << 20
 HEADER = struct.Struct("!I")
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -187,7 +188,8 @@ def start_server(paths: Paths) -> None:
     if lock_is_held(paths.lock):
         return
     boot = "import json,sys; sys.path[:] = json.loads(sys.argv[1]); from ddtree_deploy.forkserver import serve; serve(sys.argv[2])"
-    with open(paths.log, "ab") as log:
+    keep = paths.log.exists() and paths.log.stat().st_size < LOG_LIMIT  # a line per command: start afresh past it
+    with open(paths.log, "ab" if keep else "wb") as log:
         subprocess.Popen(
             [sys.executable, "-c", boot, json.dumps(sys.path), str(paths.socket)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True,

@@ -133,6 +133,18 @@ def test_a_run_with_a_closed_stdin_is_not_served_and_still_works(runtime: Runtim
     assert runtime.children() == []  # run in its own process: a closed descriptor cannot be passed
 
 
+def test_a_server_starts_a_new_log_once_the_old_one_is_past_its_limit(runtime: Runtime) -> None:
+    assert runtime.cli("overlay", "list", "--json").returncode == 0
+    pid = runtime.wait_for_server()
+    kill_quietly(pid, signal.SIGKILL)
+    wait_until(lambda: not alive(pid), "the server did not die")
+    (log,) = runtime.server_folder.glob("*.log")
+    log.write_text("old line\n" * (forkserver.LOG_LIMIT // 9 + 1))
+    assert runtime.cli("overlay", "list", "--json").returncode == 0  # the socket is dead: run here, start anew
+    runtime.wait_for_server()
+    assert log.stat().st_size < 1000 and "old line" not in log.read_text()
+
+
 def test_stale_code_or_another_search_path_gets_another_server(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a.py").write_text("x = 1\n")
