@@ -8,6 +8,8 @@
 # idle copy-pair servers only. Refusal cases (hybrid target, budget out of range) must exit with
 # their error. TREE_BENCH=1 also runs bench/tree_build.py --device cuda on cores the servers
 # do not use (servers: cores 0-11; bench: 12-15), while the servers start.
+# Attention backend: triton, or fa3 / flashinfer for a case named with the suffix _fa3 / _fi (e.g.
+# copy_plain_fa3 copy_ddtree64_fa3); such a case is compared with the plain case of the same backend.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -43,14 +45,17 @@ declare -A CASE=(
   [refuse_hybrid]="--model-path $M/hybrid $DD 64 --speculative-draft-model-path $M/dflash_copy"
   [refuse_budget]="--model-path $M/target_copy $DD 3 --speculative-draft-model-path $M/dflash_copy"
 )
-COMMON="--host 127.0.0.1 --attention-backend triton --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
+COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
+suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; esac; }
+backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; *) echo triton;; esac; }
 declare -A PORT PID
 i=0
 for c in "${CASES[@]}"; do
   PORT[$c]=$((30000 + i)); i=$((i + 1))
   site=/tmp/site; case $c in *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
-  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$c]} $COMMON --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
+  base=${c%$(suffix_of "$c")}
+  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON --attention-backend "$(backend_of "$c")" --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
 if [ "${TREE_BENCH:-0}" = 1 ]; then
@@ -67,12 +72,12 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   done
   [ $pending = 0 ] && break; sleep 3
 done
-ref_of() { case $1 in copy_*) echo copy_plain;; *) echo plain;; esac; }
+ref_of() { case $1 in copy_*) echo "copy_plain$(suffix_of "$1")";; *) echo "plain$(suffix_of "$1")";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 for c in "${CASES[@]}"; do
   case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
-  if [ "$(ref_of "$c")" = copy_plain ] && [ -z "${STOPPED:-}" ]; then  # the other pair is done: stop its servers
-    for d in "${CASES[@]}"; do [ "$(ref_of "$d")" = plain ] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
+  if [[ $(ref_of "$c") = copy_plain* ]] && [ -z "${STOPPED:-}" ]; then  # the other pair is done: stop its servers
+    for d in "${CASES[@]}"; do [[ $(ref_of "$d") = plain* ]] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
   fi
   if [ "${READY[$c]:-}" = yes ]; then
     echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 tools/gpu/ddtree_client.py ${PORT[$c]} "$O/$c.json" || echo "[$(el)s] $c: client FAILED"; pack
