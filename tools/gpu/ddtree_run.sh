@@ -10,6 +10,8 @@
 # do not use (servers: cores 0-11; bench: 12-15), while the servers start.
 # Attention backend: triton, or fa3 / flashinfer for a case named with the suffix _fa3 / _fi (e.g.
 # copy_plain_fa3 copy_ddtree64_fa3); such a case is compared with the plain case of the same backend.
+# A case suffixed _auto passes no --attention-backend (the server's own choice) and is compared with
+# the triton plain case. refuse_fa3 is a DDTREE server asked for fa3 (0.2.2 must refuse it).
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -43,11 +45,12 @@ declare -A CASE=(
   [dflash]="--model-path $M/target --speculative-algorithm DFLASH --speculative-draft-model-path $M/dflash_draft"
   [ddtree64]="--model-path $M/target $DD 64 --speculative-draft-model-path $M/dflash_draft --speculative-ddtree-debug"
   [refuse_hybrid]="--model-path $M/hybrid $DD 64 --speculative-draft-model-path $M/dflash_copy"
+  [refuse]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy"
   [refuse_budget]="--model-path $M/target_copy $DD 3 --speculative-draft-model-path $M/dflash_copy"
 )
 COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
-suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; esac; }
-backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; *) echo triton;; esac; }
+suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; *_auto) echo _auto;; esac; }
+backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; _auto) ;; *) echo triton;; esac; }
 declare -A PORT PID
 i=0
 for c in "${CASES[@]}"; do
@@ -55,7 +58,8 @@ for c in "${CASES[@]}"; do
   site=/tmp/site; case $c in *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
   base=${c%$(suffix_of "$c")}
-  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON --attention-backend "$(backend_of "$c")" --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
+  be=$(backend_of "$c")
+  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
 if [ "${TREE_BENCH:-0}" = 1 ]; then
@@ -72,7 +76,7 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   done
   [ $pending = 0 ] && break; sleep 3
 done
-ref_of() { case $1 in copy_*) echo "copy_plain$(suffix_of "$1")";; *) echo "plain$(suffix_of "$1")";; esac; }
+ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 for c in "${CASES[@]}"; do
   case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
