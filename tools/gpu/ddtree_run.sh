@@ -2,7 +2,7 @@
 # Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/ddtree_run.sh CASE [CASE...]
 # Needs .gpu/site.tar.xz and .gpu/scripts (GPU.md recipe) carried along; optional .gpu/jitcache.tar.gz.
 # Pristine SGLang 0.5.17 goes to /tmp/site, a copy with overlay ddtree $DDTREE_VERSION (default
-# 0.2.1) applied to /tmp/site_dd. All servers start in parallel (one port each), then each client runs alone
+# 0.2.2) applied to /tmp/site_dd. All servers start in parallel (one port each), then each client runs alone
 # (timings are not shared) and is compared with the plain case of its pair at once; before the
 # copy pair's clients, the other pair's servers are stopped, so speed runs share the machine with
 # idle copy-pair servers only. Refusal cases (hybrid target, budget out of range) must exit with
@@ -23,7 +23,7 @@ export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_
 BUDGET=${BUDGET:-570}
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
-if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "overlays/ddtree/${DDTREE_VERSION:-0.2.1}" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
+if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "overlays/ddtree/${DDTREE_VERSION:-0.2.2}" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
 echo "[$(el)s] sites ready"
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 [ -d /tmp/models/hybrid ] || PYTHONPATH=/tmp/site python3 -c "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/debug_check.sh
 # The smallest GPU check of the debug round: one copy-pair DDTREE server of overlay
-# $DDTREE_VERSION (default 0.2.1) with --speculative-ddtree-debug (eager round, no overlap),
+# $DDTREE_VERSION (default 0.2.2) with --speculative-ddtree-debug (eager round, no overlap),
 # two greedy requests, then a summary of its `ddtree_debug` lines (rounds, acceptance histogram,
 # tree sizes and depths, draft top-1 agreement per depth). For a device budget of ~4 minutes.
 set -u
@@ -11,7 +11,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
 mkdir -p /tmp/site /tmp/jitcache && tar -xJf "$G/site.tar.xz" -C /tmp/site || exit 1
 for t in jitcache triton_cache; do [ -f "$G/$t.tar.gz" ] && tar -xzf "$G/$t.tar.gz" -C /tmp/jitcache; done
-cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "overlays/ddtree/${DDTREE_VERSION:-0.2.1}" /tmp/site_dd || exit 1
+cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "overlays/ddtree/${DDTREE_VERSION:-0.2.2}" /tmp/site_dd || exit 1
 PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 echo "[$(el)s] site, overlay and models ready"
 PYTHONPATH=/tmp/site_dd setsid python3 -m sglang.launch_server --model-path /tmp/models/target_copy \

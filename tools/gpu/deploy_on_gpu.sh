@@ -2,7 +2,7 @@
 # Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/deploy_on_gpu.sh
 # "The tool deploys it for real": the real SGLang 0.5.17 (pristine, /tmp/site) serves the copy pair;
 # ddtree-deploy (this checkout, transport: local) restarts it as the pre-push server, pushes
-# ddtree $DDTREE_VERSION (default 0.2.1, the newest; snapshot, apply, restart with DDTREE, probes incl.
+# ddtree $DDTREE_VERSION (default 0.2.2, the newest; snapshot, apply, restart with DDTREE, probes incl.
 # lossless against the pre-push answers), then pushes a deliberately broken 0.2.99 (that version with
 # its ddtree_spec.py raising at import, so the server dies at start-up), which must fail fast and roll
 # back to a healthy server running the good version.
@@ -10,7 +10,7 @@
 # Everything lands in $OUT/deploy.tar.gz (transcript, JSON answers, inventory, server logs).
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
-OUT=${OUT:-/tmp/out}; W=$OUT/w; mkdir -p "$W"; R=$(pwd); G=$R/.gpu; V=${DDTREE_VERSION:-0.2.1}
+OUT=${OUT:-/tmp/out}; W=$OUT/w; mkdir -p "$W"; R=$(pwd); G=$R/.gpu; V=${DDTREE_VERSION:-0.2.2}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
 pack() { (cd "$W" && tar -czf "$OUT/deploy.tar.gz" .); }   # after every stage: a timeout loses nothing
