@@ -200,7 +200,10 @@ class _LocalSession(_Session):
     def finish(self) -> tuple[int, bytes]:
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
-                pipe.close()
+                try:
+                    pipe.close()
+                except BrokenPipeError:  # it died with our request unread (e.g. no such python on the host)
+                    pass
         code = self.proc.wait()
         self.stderr.seek(0)
         data = self.stderr.read()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from sshd_fleet import Fleet
 
+from ddtree_deploy.errors import HelperError
 from ddtree_deploy.inventory import HostSpec, load_inventory
 from ddtree_deploy.transport import SSHTransport, _listening, transport_for
 
@@ -75,6 +76,20 @@ def test_a_command_leaves_a_master_and_the_next_one_goes_through_it(fleet: Fleet
     third, third_muxed = state_via(spec, ssh)  # a master that is gone is not used: paramiko again, and a new one
     assert third == first and not third_muxed
     wait_for_master(runtime)
+
+
+def test_a_missing_python_through_a_master_is_named_like_without_one(fleet: Fleet, tmp_path: Path,
+                                                                     runtime: Path) -> None:
+    spec, ssh = host(fleet, tmp_path)
+    state_via(spec, ssh)
+    wait_for_master(runtime)
+    missing = tmp_path / "no env" / "bin" / "python3"
+    t = transport_for(spec.model_copy(update={"python": str(missing)}), ssh)
+    assert isinstance(t, SSHTransport)
+    with pytest.raises(HelperError) as failed:  # the helper dies with our request unread: no BrokenPipeError
+        t.call("state")
+    t.close()
+    assert t.muxed and str(missing) in str(failed.value)
 
 
 def test_no_master_when_persistence_is_off(fleet: Fleet, tmp_path: Path, runtime: Path) -> None:

@@ -97,6 +97,16 @@ def test_the_helper_runs_the_controllers_bytecode_when_its_python_reads_it_and_e
     assert not (tmp_path / "state").exists()  # nothing is cached on the host
 
 
+def test_a_helper_that_died_with_our_request_unread_ends_without_a_broken_pipe() -> None:
+    from ddtree_deploy.transport import _spawn
+
+    session = _spawn(["true"], "h", "python_not_found", "")  # exits without reading its stdin
+    session.proc.wait()
+    with pytest.raises(BrokenPipeError):
+        session.send(b"{}\n")  # stays in the writer's buffer: the flush failed
+    assert session.finish() == (0, b"")
+
+
 def test_lock_cycle_and_second_locker(transport: Transport) -> None:
     first = transport.call("lock", {"owner": "alice", "ttl_s": 600})
     assert first["replaced"] is None
