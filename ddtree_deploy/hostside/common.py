@@ -14,7 +14,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Dict, Optional
+from typing import IO, Any, Callable, Dict, Optional, Tuple, TypeVar
 
 
 class HelperFailure(Exception):
@@ -68,21 +68,29 @@ def env_id(package_root: str) -> str:
 
 
 TEMP_PREFIX = ".ddtree-tmp-"
+T = TypeVar("T")
+
+
+def staged_file(folder: str, mode: int, fill: Callable[[IO[bytes]], T], durable: bool = True) -> Tuple[str, T]:
+    """A temp file in `folder` written by `fill`, fsynced if durable, with `mode`: (its path, what `fill`
+    returned). Removed again if anything fails, `fill`'s own refusal included."""
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            filled = fill(out)
+            out.flush()
+            if durable:
+                os.fsync(out.fileno())
+        os.chmod(tmp, mode)
+        return tmp, filled
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def staged_bytes(data: bytes, folder: str, mode: int) -> str:
     """A fsynced temp file with `data` and `mode` in `folder` (removed again if anything fails)."""
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        return tmp
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    return staged_file(folder, mode, lambda out: out.write(data))[0]
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:

@@ -23,10 +23,9 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .common import TEMP_PREFIX, Context, HelperFailure, atomic_write, fsync_dir
+from .common import TEMP_PREFIX, Context, HelperFailure, atomic_write, fsync_dir, staged_file
 
 #: a batch with at least this many new objects becomes one pack (git's unpack limit is 100)
 PACK_MIN = 64
@@ -80,6 +79,17 @@ class Incoming:
         return size
 
 
+def pour_all(items: List[Incoming], out: IO[bytes]) -> Tuple[Dict[str, List[int]], int]:
+    """Write every item's checked bytes to `out`, end to end: a pack's index (sha -> [offset, size]) and its size."""
+    index: Dict[str, List[int]] = {}
+    offset = 0
+    for item in items:
+        size = item.pour(out)
+        index[item.sha] = [offset, size]
+        offset += size
+    return index, offset
+
+
 def changed_file(path: str) -> HelperFailure:
     return HelperFailure(
         "content_changed",
@@ -101,18 +111,7 @@ def corrupt_object(sha: str, where: str) -> HelperFailure:
 
 def staged(item: Incoming, folder: str, mode: int, durable: bool = True) -> Tuple[str, int]:
     """A temp file in `folder` with the item's checked bytes and `mode` (fsynced if durable); (path, size)."""
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            size = item.pour(out)
-            out.flush()
-            if durable:
-                os.fsync(out.fileno())
-        os.chmod(tmp, mode)
-        return tmp, size
-    except BaseException:
-        remove_quietly(tmp)
-        raise
+    return staged_file(folder, mode, item.pour, durable)
 
 
 def sync_filesystem(folder: str) -> None:
@@ -336,19 +335,10 @@ class ObjectStore:
             return Added()  # these very objects are packed already (a prune killed after its rewrite)
         made_dir = not os.path.isdir(self.pack_dir)
         os.makedirs(self.pack_dir, mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.pack_dir)
+        tmp = ""
         placed: List[str] = []
-        index: Dict[str, List[int]] = {}
-        offset = 0
         try:
-            with os.fdopen(fd, "wb") as out:
-                for item in items:
-                    size = item.pour(out)
-                    index[item.sha] = [offset, size]
-                    offset += size
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, 0o400)
+            tmp, (index, offset) = staged_file(self.pack_dir, 0o400, lambda out: pour_all(items, out))
             self.pause("pack_written")
             placed.append(index_path)  # atomic_write leaves nothing behind when it fails
             atomic_write(index_path, json.dumps({"version": 1, "objects": index}, separators=(",", ":")).encode(),
@@ -358,7 +348,8 @@ class ObjectStore:
             placed.append(pack)
             fsync_dir(self.pack_dir)
         except BaseException:
-            remove_quietly(tmp)
+            if tmp:
+                remove_quietly(tmp)
             Added(paths=placed).undo()
             if made_dir:
                 rmdir_quietly(self.pack_dir)
