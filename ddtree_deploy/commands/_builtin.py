@@ -19,19 +19,31 @@ def play_builtin(
     accept_new_host_key: bool,
     as_json: bool,
     default_all: bool = False,
+    wave_size: int = 0,
+    max_failures: int | None = None,
+    overlay: str | None = None,
     **run_options: Any,
 ) -> None:
-    """Play `playbooks/<name>.yaml` on the selected hosts with these `RunOptions`, render it, exit with its code."""
+    """Play `playbooks/<name>.yaml` on the selected hosts with these `RunOptions`, render it, exit with its code.
+
+    `overlay` (NAME[@VERSION], looked up in `run_options["overlays_dir"]`) is the one a push deploys.
+    """
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=default_all)
-        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key, wave_size=wave_size,
+                                     max_failures=max_failures)
         with connecting(inv, hosts, name, fleet_options) as started:
-            # imported once the hosts are connecting, so the two overlap (see push)
+            # Imported once the hosts are connecting: the steps and their models take longer to import
+            # than a connection and a helper take to start, so the two overlap.
             from ddtree_deploy import playbook
             from ddtree_deploy.commands._play import exit_code, render, run_playbook
+            from ddtree_deploy.overlay import load_overlay, overlays_path
             from ddtree_deploy.steps import RunOptions
 
-            report = run_playbook(inv, hosts, playbook.builtin(name), RunOptions(**run_options), None,
+            the_overlay = load_overlay(overlay, overlays_path(run_options.get("overlays_dir"))) if overlay else None
+            if the_overlay is not None:
+                run_options["overlay"] = the_overlay.label
+            report = run_playbook(inv, hosts, playbook.builtin(name), RunOptions(**run_options), the_overlay,
                                   fleet_options, as_json=as_json, started=started)
     out.emit(report, as_json=as_json, human=render, code=exit_code(report))

@@ -7,8 +7,7 @@ from typing import Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, connecting
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._builtin import play_builtin
 
 OverlayOption = Annotated[str, typer.Option("--overlay", "-o", help="NAME[@VERSION]; default: newest version.")]
 OverlaysDirOption = Annotated[
@@ -41,22 +40,7 @@ def push(
     and rolled back with the host healthy; 2 bad input; 3 a host is left unhealthy, locked or with an
     open journal.
     """
-    with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
-        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key, wave_size=wave_size,
-                                     max_failures=max_failures)
-        with connecting(inv, hosts, "push", fleet_options) as started:
-            # Imported once the hosts are connecting: the steps and their models take longer to import
-            # than a connection and a helper take to start, so the two now overlap.
-            from ddtree_deploy import playbook
-            from ddtree_deploy.commands._play import exit_code, render, run_playbook
-            from ddtree_deploy.overlay import load_overlay, overlays_path
-            from ddtree_deploy.steps import RunOptions
-
-            the_overlay = load_overlay(overlay, overlays_path(overlays))
-            options = RunOptions(overlay=the_overlay.label, overlays_dir=overlays, dry_run=dry_run, force=force,
-                                 no_rollback=no_rollback)
-            report = run_playbook(inv, hosts, playbook.builtin("push"), options, the_overlay, fleet_options,
-                                  as_json=as_json, started=started)
-    out.emit(report, as_json=as_json, human=render, code=exit_code(report))
+    play_builtin("push", host=host, group=group, all_hosts=all_hosts, inventory=inventory,
+                 accept_new_host_key=accept_new_host_key, as_json=as_json, wave_size=wave_size,
+                 max_failures=max_failures, overlay=overlay, overlays_dir=overlays, dry_run=dry_run, force=force,
+                 no_rollback=no_rollback)
