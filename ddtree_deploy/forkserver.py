@@ -3,10 +3,10 @@
 A CLI run spends about a second of CPU importing typer, pydantic, paramiko and the steps' models
 before it touches a host; on a 2-core controller that is a third of a warm push to four hosts. Like
 OpenSSH's ControlPersist (which Ansible keeps on) and Python's multiprocessing forkserver, the first
-command runs as usual and, as it exits, leaves a server behind. Later commands connect to its unix
-socket and pass their argv, environment, working folder, umask and stdio descriptors; the server
-forks a child that runs the command exactly as the CLI process would, with those descriptors as its
-stdin/stdout/stderr. The client relays SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child's process
+command runs as usual and, as it exits, leaves a server behind (a command that finds it still
+importing waits for it, up to STARTING_WAIT_S). Later commands connect to its unix socket and pass
+their argv, environment, working folder, umask and stdio descriptors; the server forks a child that
+runs the command exactly as the CLI process would, with those descriptors as its stdin/stdout/stderr. The client relays SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child's process
 group and exits with the child's status. If the client dies, even by SIGKILL, the server SIGKILLs that
 process group (the child and any local host helper it started): a killed controller stays killed,
 which is what crash safety assumes.
@@ -44,6 +44,7 @@ IDLE_S = 300.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux
 LOG_LIMIT = 1 << 20
+STARTING_WAIT_S = 3.0  # how long a client waits for a server that is still importing (~1 s on 2 cores)
 HEADER = struct.Struct("!I")
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -102,22 +103,38 @@ def run_through_server(argv: list[str]) -> int | None:
     """The command's exit status when a warm server ran it; None when there is none (run it here).
 
     With no server up, one is started in the background as this process exits, so that it never
-    competes with this command for the CPU.
+    competes with this command for the CPU. A server that is still importing (the previous command
+    just started it) is waited for: its imports are already under way, and doing the same ones here
+    would only double the CPU they take.
     """
     if not enabled() or not all(is_open(fd) for fd in (0, 1, 2)):
         return None  # a closed stdio descriptor cannot be passed: run here, as without a server
     paths = server_paths()
     if paths is None:
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(paths.socket))
-    except OSError:
-        sock.close()
-        atexit.register(start_server, paths)
+    sock = connect(paths)
+    if sock is None:
         return None
     with sock:
         return ask(sock, argv)
+
+
+def connect(paths: Paths) -> socket.socket | None:
+    """A connection to the server, waiting up to STARTING_WAIT_S for one that is starting; None: run here."""
+    deadline = time.monotonic() + STARTING_WAIT_S
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(paths.socket))
+            return sock
+        except OSError:
+            sock.close()
+        if not lock_is_held(paths.lock):  # no server at all, or one that has just exited
+            atexit.register(start_server, paths)
+            return None
+        if time.monotonic() > deadline:
+            return None  # a server that takes this long to start is not worth waiting for
+        time.sleep(0.01)
 
 
 def ask(sock: socket.socket, argv: list[str]) -> int | None:
@@ -217,9 +234,7 @@ def serve(socket_path: str) -> None:
     """Hold the lock, import the whole CLI, then fork a child per request until idle for IDLE_S."""
     paths = Paths(Path(socket_path).parent, Path(socket_path).name[3:-5])
     lock = os.open(paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    if not take_lock(lock):
         return  # another server for this key is up or starting
     os.ftruncate(lock, 0)
     os.write(lock, b"%d\n" % os.getpid())  # who holds it, for people and tests
@@ -228,6 +243,17 @@ def serve(socket_path: str) -> None:
     log(f"serving as pid {os.getpid()}")
     server.loop()
     log("idle: exiting")
+
+
+def take_lock(lock: int) -> bool:
+    """The server's lock, retried briefly: a waiting client's `lock_is_held` probe holds it for an instant."""
+    for _ in range(20):
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            time.sleep(0.01)
+    return False
 
 
 def preload() -> None:

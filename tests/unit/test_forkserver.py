@@ -145,6 +145,37 @@ def test_a_server_starts_a_new_log_once_the_old_one_is_past_its_limit(runtime: R
     assert log.stat().st_size < 1000 and "old line" not in log.read_text()
 
 
+def test_a_command_waits_for_a_server_that_is_still_starting(runtime: Runtime) -> None:
+    assert runtime.cli("overlay", "list", "--json").returncode == 0
+    pid = runtime.wait_for_server()
+    boot = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")  # to start the same one again
+    kill_quietly(pid, signal.SIGKILL)
+    wait_until(lambda: not alive(pid), "the server did not die")
+    (lock,) = runtime.server_folder.glob("*.lock")
+    lock.write_text("")
+    for stale in runtime.server_folder.glob("*.sock"):
+        stale.unlink()  # so that a socket seen below can only be the new server's
+    (log,) = runtime.server_folder.glob("*.log")
+    with log.open("ab") as logged:  # as start_server does: the server's lines are its log
+        server = subprocess.Popen([b.decode() for b in boot], env=runtime.env, start_new_session=True,
+                                  stdout=logged, stderr=logged)
+    try:
+        wait_until(lambda: lock.read_text().strip() == str(server.pid), "the new server took no lock")
+        os.kill(server.pid, signal.SIGSTOP)  # it holds its lock and is importing: keep it there
+        assert not list(runtime.server_folder.glob("*.sock"))
+        client = subprocess.Popen([sys.executable, "-m", "ddtree_deploy.cli", "overlay", "list", "--json"], cwd=REPO,
+                                  env=runtime.env, stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        assert client.poll() is None  # waiting for the server, not importing and running the command itself
+        os.kill(server.pid, signal.SIGCONT)
+        out, _ = client.communicate(timeout=60)
+        assert client.returncode == 0 and json.loads(out)["data"]["overlays"]
+        assert len(runtime.children()) == 1, runtime.log()  # the new server ran it
+    finally:
+        kill_quietly(server.pid, signal.SIGKILL)
+        server.wait()
+
+
 def test_stale_code_or_another_search_path_gets_another_server(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "a.py").write_text("x = 1\n")
