@@ -53,28 +53,43 @@ def hash_file(path: str) -> str:
     return h.hexdigest()
 
 
+def read_to_end(fd: int, size: int) -> bytes:
+    """All of an open file's bytes, in one read when it still has the `size` its stat gave."""
+    data = os.read(fd, size + 1)
+    if len(data) > size:  # it grew since: read on (the caller's stat check will not keep these bytes)
+        data += b"".join(iter(lambda: os.read(fd, CHUNK), b""))
+    return data
+
+
 def file_chunks(path: str) -> Iterator[bytes]:
     with open(path, "rb") as f:
         yield from iter(lambda: f.read(CHUNK), b"")
 
 
 class Incoming:
-    """One object to store: its name, a reader of its bytes, and the refusal if they do not hash to it."""
+    """One object to store: its name, a reader of its bytes, and the refusal if they do not hash to it.
 
-    def __init__(self, sha: str, read: Callable[[], Iterable[bytes]], refusal: Callable[[], HelperFailure]) -> None:
+    `hashed` says the bytes are the very ones this process hashed to `sha` (immutable, in memory), so
+    writing them needs no second hash.
+    """
+
+    def __init__(self, sha: str, read: Callable[[], Iterable[bytes]], refusal: Callable[[], HelperFailure],
+                 hashed: bool = False) -> None:
         self.sha = sha
         self.read = read
         self.refusal = refusal
+        self.hashed = hashed
 
     def pour(self, out: IO[bytes]) -> int:
         """Write the bytes to `out`; their size, or the refusal if they are not the content named `sha`."""
-        h = hashlib.sha256()
+        h = None if self.hashed else hashlib.sha256()
         size = 0
         for block in self.read():
-            h.update(block)
+            if h is not None:
+                h.update(block)
             out.write(block)
             size += len(block)
-        if h.hexdigest() != self.sha:
+        if h is not None and h.hexdigest() != self.sha:
             raise self.refusal()
         return size
 
@@ -189,9 +204,12 @@ class Collector:
     def hash(self, path: str, st: os.stat_result) -> str:
         if st.st_size > self.budget:
             return hash_file(path)
-        with open(path, "rb") as f:
-            data = f.read()
-            after = os.fstat(f.fileno())
+        fd = os.open(path, os.O_RDONLY)  # not open(): this runs per file, and a buffered reader adds nothing
+        try:
+            data = read_to_end(fd, st.st_size)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
         sha = hashlib.sha256(data).hexdigest()
         steady = stat_key(after) == stat_key(st) and st.st_mtime_ns < self.racy_after_ns
         if steady and sha not in self.kept and not self.store.has(sha):
@@ -214,6 +232,7 @@ class ObjectStore:
         self.pack_dir = ctx.path("objects", "pack")
         self.pause = pause
         self._packed: Optional[Dict[str, Tuple[str, int, int]]] = None
+        self._loose: Optional[Set[str]] = None
 
     def loose_path(self, sha: str) -> str:
         return "%s/%s/%s" % (self.root, sha[:2], sha[2:])  # hot: called per file per snapshot
@@ -243,8 +262,15 @@ class ObjectStore:
             found.append((other_half(path), index))
         return found
 
+    @property
+    def loose(self) -> Set[str]:
+        """The names of the loose objects, listed once (a snapshot asks for every file of the package)."""
+        if self._loose is None:
+            self._loose = {sha for sha, _ in self.loose_objects()}
+        return self._loose
+
     def has(self, sha: str) -> bool:
-        return sha in self.packed or os.path.exists(self.loose_path(sha))
+        return sha in self.packed or sha in self.loose
 
     def chunks(self, sha: str) -> Iterator[bytes]:
         """The stored bytes of `sha`, unchecked (FileNotFoundError if the store lacks it)."""
@@ -288,8 +314,10 @@ class ObjectStore:
 
     @staticmethod
     def from_file(path: str, sha: str, data: Optional[bytes] = None) -> Incoming:
-        read: Callable[[], Iterable[bytes]] = (lambda: (data,)) if data is not None else (lambda: file_chunks(path))
-        return Incoming(sha, read, lambda: changed_file(path))
+        """`data`, if given, are the bytes of `path` that this process hashed to `sha`; else the file is read again."""
+        if data is not None:
+            return Incoming(sha, lambda: (data,), lambda: changed_file(path), hashed=True)
+        return Incoming(sha, lambda: file_chunks(path), lambda: changed_file(path))
 
     def add(self, items: List[Incoming]) -> Added:
         """Store `items` durably: one pack if there are at least PACK_MIN, else loose; nothing is left if it fails."""
@@ -300,6 +328,7 @@ class ObjectStore:
     def write_loose(self, items: List[Incoming]) -> Added:
         """Loose objects with one sync instead of one fsync each: temps, syncfs, renames, syncfs."""
         items = [i for i in items if not os.path.exists(self.loose_path(i.sha))]
+        self._loose = None  # listed again when next asked: these are added, or undone if this fails
         staged_files: List[Tuple[str, str]] = []
         done: List[str] = []
         size = 0
@@ -390,16 +419,18 @@ class ObjectStore:
 
     def unused_loose(self, used: Set[str]) -> List[Tuple[str, int]]:
         """(path, size) of every loose object whose sha256 is not in `used`."""
-        found: List[Tuple[str, int]] = []
+        self._loose = None  # prune removes them
+        return [(path, os.path.getsize(path)) for sha, path in self.loose_objects() if sha not in used]
+
+    def loose_objects(self) -> Iterator[Tuple[str, str]]:
+        """(sha256, path) of every loose object, in name order."""
         for prefix in sorted(os.listdir(self.root)) if os.path.isdir(self.root) else []:
             folder = os.path.join(self.root, prefix)
             if not PREFIX.match(prefix) or not os.path.isdir(folder):
                 continue
             for name in sorted(os.listdir(folder)):
-                if SHA.match(prefix + name) and prefix + name not in used:
-                    path = os.path.join(folder, name)
-                    found.append((path, os.path.getsize(path)))
-        return found
+                if SHA.match(prefix + name):
+                    yield prefix + name, os.path.join(folder, name)
 
     def leftovers(self) -> List[Tuple[str, int]]:
         """(path, size) of temp files, and of a pack's index or pack whose other half is missing."""

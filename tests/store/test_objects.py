@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -83,6 +84,16 @@ def test_a_file_changed_between_hashing_and_storing_is_refused(
         store.snapshot(ctx, {"reason": "second"})
     assert err.value.code == "content_changed" and VERSION in err.value.message
     assert folder_listing(Path(ctx.state_dir)) == before
+
+
+def test_a_file_that_grew_after_its_stat_is_hashed_whole_and_not_kept(ctx: Context, tmp_path: Path) -> None:
+    grown = tmp_path / "grown.py"
+    grown.write_bytes(b"a" * 10)
+    st = os.stat(grown)  # the scan's stat, then the file grows before it is read
+    grown.write_bytes(b"b" * (3 * objects.CHUNK + 7))
+    collector = objects.Collector(objects.ObjectStore(ctx), racy_after_ns=st.st_mtime_ns + 1)
+    assert collector.hash(str(grown), st) == hashlib.sha256(grown.read_bytes()).hexdigest()
+    assert collector.kept == {}  # its stat changed: stored from a second read, checked against this hash
 
 
 def corrupt(ctx: Context, sha: str) -> None:
