@@ -22,7 +22,7 @@ sglang/ and its dist-info (path, mode, size; content for the files the overlay t
 pristine tree after a rollback and as ddtree-deploy's cold push left it after a push (for Ansible
 too), and the server reporting the expected speculative algorithm. Ratios are Ansible seconds / ddtree-deploy seconds, measured in this run, with
 the rounds of the two tools interleaved (see `measure`) and each one's load average printed beside it.
-Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.1.0] [--keep]`.
+Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.2.2] [--keep]`.
 """
 
 from __future__ import annotations
@@ -586,7 +586,7 @@ def print_report(timings: list[Timing]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--overlay", default="ddtree@0.1.0", help="NAME@VERSION under overlays/")
+    parser.add_argument("--overlay", default="ddtree@0.2.2", help="NAME@VERSION under overlays/")
     parser.add_argument("--keep", action="store_true", help="keep the bench folder (printed) for inspection")
     opts = parser.parse_args(argv)
     began = time.monotonic()

@@ -113,6 +113,13 @@ def fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def write_json(path: str, value: Any) -> None:
     atomic_write(path, json.dumps(value, indent=1, sort_keys=True).encode())
 

@@ -25,7 +25,7 @@ import os
 import re
 from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .common import TEMP_PREFIX, Context, HelperFailure, atomic_write, fsync_dir, staged_file
+from .common import TEMP_PREFIX, Context, HelperFailure, atomic_write, fsync_dir, remove_quietly, staged_file
 
 #: a batch with at least this many new objects becomes one pack (git's unpack limit is 100)
 PACK_MIN = 64
@@ -144,13 +144,6 @@ def sync_filesystem(folder: str) -> None:
     except (OSError, AttributeError):
         pass
     os.sync()
-
-
-def remove_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def rmdir_quietly(folder: str) -> None:

@@ -40,10 +40,12 @@ from .common import (
     atomic_write,
     fsync_dir,
     read_json,
+    remove_quietly,
     staged_bytes,
     write_json,
 )
-from .objects import Added, Collector, ObjectStore, hash_file, remove_quietly
+from .locks import read_lock
+from .objects import Added, Collector, ObjectStore, hash_file
 
 PACKAGE = "sglang"
 DIST_INFO = re.compile(r"^%s-[0-9][^-/]*\.dist-info$" % PACKAGE)
@@ -234,7 +236,7 @@ def refuse_if_busy(ctx: Context) -> None:
             "run `ddtree-deploy rollback` to restore snapshot %s" % journal.get("snapshot"),
             journal=journal,
         )
-    held = read_json(ctx.path("lock"))
+    held = read_lock(ctx)
     if held and held.get("owner") != ctx.owner and held.get("expires", 0) > time.time():
         raise HelperFailure(
             "locked",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import marshal
+import json
 import os
 import stat
 from collections.abc import Iterator
@@ -133,6 +134,17 @@ def test_expired_lock_is_taken_over(transport: Transport) -> None:
     assert transport.call("state")["lock"]["expired"] is True
     taken = transport.call("lock", {"owner": "bob"})
     assert taken["replaced"]["owner"] == "alice"
+
+
+def test_a_lock_left_empty_by_a_power_loss_counts_as_expired(transport: Transport) -> None:
+    transport.call("lock", {"owner": "alice"})
+    state_dir = Path(transport.call("state")["state_dir"])
+    (state_dir / "lock").write_bytes(b"")  # as a power loss can leave it: its bytes never reached the disk
+    assert transport.call("state")["lock"]["expired"] is True
+    taken = transport.call("lock", {"owner": "bob"})
+    assert taken["replaced"]["unreadable"] is True
+    assert json.loads((state_dir / "lock").read_text())["owner"] == "bob"
+    assert [p.name for p in state_dir.iterdir() if p.name.startswith(".ddtree-tmp-")] == []
 
 
 def test_unknown_op_is_refused_with_a_code(transport: Transport) -> None:
