@@ -10,10 +10,11 @@ Layout under `<state_dir>/objects/`:
 thousands of small files is what makes a first snapshot slow, so a batch of at least `PACK_MIN` new
 objects is written as one pack; fewer stay loose (the warm snapshots of overlay iterations).
 
-A pack is written under a temp name and fsynced, then its index is written atomically (temp, fsync,
-rename), then the pack is renamed into place and the folder fsynced. A pack counts only when both
-files exist, so a kill at any instant leaves a valid store; an index without its pack, a pack
-without its index and temp files are ignored by readers and removed by `prune`. Every read of an
+A pack is written under a temp name (a first snapshot streams into it while it scans, its pages sent
+to disk as it goes) and fsynced, then its index is written atomically (temp, fsync, rename), then the
+pack is renamed into place and the folder fsynced. A pack counts only when both files exist, so a
+kill at any instant leaves a valid store; an index without its pack, a pack without its index and
+temp files are ignored by readers and removed by `prune`. Every read of an
 object is checked against its sha256 (refused as `object_corrupt`), loose or packed alike.
 """
 
@@ -23,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 from .common import TEMP_PREFIX, Context, HelperFailure, atomic_write, fsync_dir, remove_quietly, staged_file
@@ -32,6 +34,8 @@ PACK_MIN = 64
 #: a snapshot keeps, in memory, up to this many bytes of the new contents it read while hashing
 KEEP_BYTES = 256 << 20
 CHUNK = 1 << 20
+#: a pack being written starts the disk writes of every this many bytes, so its final fsync has little left
+WRITEBACK_BYTES = 8 << 20
 SHA = re.compile(r"^[0-9a-f]{64}$")
 PREFIX = re.compile(r"^[0-9a-f]{2}$")
 PACK_NAME = re.compile(r"^pack-[0-9a-f]{64}\.(pack|idx)$")
@@ -92,17 +96,6 @@ class Incoming:
         if h is not None and h.hexdigest() != self.sha:
             raise self.refusal()
         return size
-
-
-def pour_all(items: List[Incoming], out: IO[bytes]) -> Tuple[Dict[str, List[int]], int]:
-    """Write every item's checked bytes to `out`, end to end: a pack's index (sha -> [offset, size]) and its size."""
-    index: Dict[str, List[int]] = {}
-    offset = 0
-    for item in items:
-        size = item.pour(out)
-        index[item.sha] = [offset, size]
-        offset += size
-    return index, offset
 
 
 def changed_file(path: str) -> HelperFailure:
@@ -180,11 +173,14 @@ class Added:
 
 
 class Collector:
-    """Hashes package files for a snapshot's scan, keeping the bytes of the contents the store lacks.
+    """Hashes package files for a snapshot's scan and stores the contents the store lacks as it reads them.
 
-    A first snapshot then reads each file once instead of twice (hash, then copy). Bytes are kept only
-    if the file's stat is the same after the read as before it and not racily recent (git's rule), so
-    they are one instant's content; any other new file is read again when stored, and refused
+    A first snapshot then reads each file once instead of twice (hash, then copy). The first new
+    contents are kept in memory; once there are PACK_MIN of them a pack is opened and they, and every
+    later one, are written into it at once, so the disk writes overlap the rest of the scan (a warm
+    snapshot's few new contents end up loose, as `ObjectStore.add` decides). Bytes are used only if
+    the file's stat is the same after the read as before it and not racily recent (git's rule), so
+    they are one instant's content; any other new file is read again by `store_rest`, and refused
     (`content_changed`) if it no longer hashes as the scan recorded.
     """
 
@@ -193,6 +189,7 @@ class Collector:
         self.racy_after_ns = racy_after_ns
         self.budget = budget
         self.kept: Dict[str, bytes] = {}
+        self.pack: Optional[PackWriter] = None
 
     def hash(self, path: str, st: os.stat_result) -> str:
         if st.st_size > self.budget:
@@ -205,10 +202,107 @@ class Collector:
             os.close(fd)
         sha = hashlib.sha256(data).hexdigest()
         steady = stat_key(after) == stat_key(st) and st.st_mtime_ns < self.racy_after_ns
-        if steady and sha not in self.kept and not self.store.has(sha):
+        if steady and not self.collected(sha):
+            self.collect(sha, data)
+        return sha
+
+    def collected(self, sha: str) -> bool:
+        return sha in self.kept or (self.pack is not None and sha in self.pack.index) or self.store.has(sha)
+
+    def collect(self, sha: str, data: bytes) -> None:
+        """Keep a new content; at the PACK_MIN-th, open a pack and write those kept and every later one to it."""
+        if self.pack is None:
             self.kept[sha] = data
             self.budget -= len(data)
-        return sha
+            if len(self.kept) < PACK_MIN:
+                return
+            self.pack = PackWriter(self.store)
+            for kept_sha, kept_data in self.kept.items():
+                self.pack.add(ObjectStore.from_bytes(kept_sha, kept_data))
+            self.kept.clear()
+            return
+        self.pack.add(ObjectStore.from_bytes(sha, data))
+
+    def store_rest(self, sources: List[Tuple[str, str]]) -> Added:
+        """Store the new contents not stored yet (`sources`: (path, sha256) of every file) and finish the pack."""
+        rest = [i for i in self.store.from_files(sources, self.kept) if not (self.pack and i.sha in self.pack.index)]
+        self.kept.clear()
+        if self.pack is None:
+            return self.store.add(rest)
+        for item in rest:
+            self.pack.add(item)
+        return self.pack.finish()
+
+    def abort(self) -> None:
+        """Remove the pack being written, if any: the store is then as it was."""
+        if self.pack is not None:
+            self.pack.abort()
+
+
+class PackWriter:
+    """One pack being written: items appended as they come, then `finish` (a complete pack) or `abort`.
+
+    Its temp file is its own (not `staged_file`): it grows over a whole scan. Every WRITEBACK_BYTES it
+    asks the kernel to start writing what it has (posix_fadvise DONTNEED starts writeback of dirty
+    pages), so the disk works while the scan reads and hashes, and the fsync in `finish` waits less.
+    """
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.made_dir = not os.path.isdir(store.pack_dir)
+        os.makedirs(store.pack_dir, mode=0o700, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=store.pack_dir)
+        self.out = os.fdopen(fd, "wb")
+        self.index: Dict[str, List[int]] = {}
+        self.size = 0
+        self.written_back = 0
+
+    def add(self, item: Incoming) -> None:
+        if item.sha in self.index:
+            return  # identical files share one object
+        size = item.pour(self.out)
+        self.index[item.sha] = [self.size, size]
+        self.size += size
+        if self.size - self.written_back >= WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+            self.out.flush()
+            os.posix_fadvise(self.out.fileno(), self.written_back, self.size - self.written_back,
+                             os.POSIX_FADV_DONTNEED)
+            self.written_back = self.size
+
+    def finish(self) -> Added:
+        """Pack fsynced, index (atomic), pack renamed into place, folder fsynced; removed again if that fails."""
+        name = "pack-" + hashlib.sha256("".join(sorted(self.index)).encode()).hexdigest()
+        pack = os.path.join(self.store.pack_dir, name + ".pack")
+        index_path = other_half(pack)
+        if os.path.exists(pack) and os.path.exists(index_path):
+            self.abort()
+            return Added()  # these very objects are packed already (a prune killed after its rewrite)
+        placed: List[str] = []
+        try:
+            self.out.flush()
+            os.fchmod(self.out.fileno(), 0o400)
+            os.fsync(self.out.fileno())
+            self.out.close()
+            self.store.pause("pack_written")
+            placed.append(index_path)  # atomic_write leaves nothing behind when it fails
+            atomic_write(index_path, json.dumps({"version": 1, "objects": self.index}, separators=(",", ":")).encode(),
+                         0o400)
+            self.store.pause("pack_indexed")
+            os.replace(self.tmp, pack)
+            placed.append(pack)
+            fsync_dir(self.store.pack_dir)
+        except BaseException:
+            Added(paths=placed).undo()
+            self.abort()
+            raise
+        self.store.forget_packs()
+        return Added(len(self.index), self.size, [index_path, pack])
+
+    def abort(self) -> None:
+        self.out.close()
+        remove_quietly(self.tmp)
+        if self.made_dir:
+            rmdir_quietly(self.store.pack_dir)
 
 
 # ---------------------------------------------------------------- the store
@@ -309,8 +403,13 @@ class ObjectStore:
     def from_file(path: str, sha: str, data: Optional[bytes] = None) -> Incoming:
         """`data`, if given, are the bytes of `path` that this process hashed to `sha`; else the file is read again."""
         if data is not None:
-            return Incoming(sha, lambda: (data,), lambda: changed_file(path), hashed=True)
+            return ObjectStore.from_bytes(sha, data)
         return Incoming(sha, lambda: file_chunks(path), lambda: changed_file(path))
+
+    @staticmethod
+    def from_bytes(sha: str, data: bytes) -> Incoming:
+        """Bytes this process hashed to `sha` (immutable, in memory): stored without a second hash, never refused."""
+        return Incoming(sha, lambda: (data,), lambda: corrupt_object(sha, "memory"), hashed=True)
 
     def add(self, items: List[Incoming]) -> Added:
         """Store `items` durably: one pack if there are at least PACK_MIN, else loose; nothing is left if it fails."""
@@ -349,35 +448,19 @@ class ObjectStore:
         return Added(len(done), size, done)
 
     def write_pack(self, items: List[Incoming]) -> Added:
-        """One pack with every item: pack temp (fsynced), index (atomic), pack renamed, folder fsynced."""
-        name = "pack-" + hashlib.sha256("".join(sorted(i.sha for i in items)).encode()).hexdigest()
-        pack = os.path.join(self.pack_dir, name + ".pack")
-        index_path = other_half(pack)
-        if os.path.exists(pack) and os.path.exists(index_path):
-            return Added()  # these very objects are packed already (a prune killed after its rewrite)
-        made_dir = not os.path.isdir(self.pack_dir)
-        os.makedirs(self.pack_dir, mode=0o700, exist_ok=True)
-        tmp = ""
-        placed: List[str] = []
+        """One pack with every item (see PackWriter.finish for the order that keeps it crash-safe)."""
+        writer = PackWriter(self)
         try:
-            tmp, (index, offset) = staged_file(self.pack_dir, 0o400, lambda out: pour_all(items, out))
-            self.pause("pack_written")
-            placed.append(index_path)  # atomic_write leaves nothing behind when it fails
-            atomic_write(index_path, json.dumps({"version": 1, "objects": index}, separators=(",", ":")).encode(),
-                         0o400)
-            self.pause("pack_indexed")
-            os.replace(tmp, pack)
-            placed.append(pack)
-            fsync_dir(self.pack_dir)
+            for item in items:
+                writer.add(item)
         except BaseException:
-            if tmp:
-                remove_quietly(tmp)
-            Added(paths=placed).undo()
-            if made_dir:
-                rmdir_quietly(self.pack_dir)
+            writer.abort()
             raise
+        return writer.finish()
+
+    def forget_packs(self) -> None:
+        """Read the pack indexes again when next asked (a pack was added or removed)."""
         self._packed = None
-        return Added(len(items), offset, [index_path, pack])
 
     # ------------------------------------------------------------ prune
 
@@ -408,7 +491,7 @@ class ObjectStore:
             self.add([self.stored(sha) for sha in keep])
             self.pause("pack_rewritten")
         Added(paths=[other_half(pack), pack]).undo()
-        self._packed = None
+        self.forget_packs()
 
     def unused_loose(self, used: Set[str]) -> List[Tuple[str, int]]:
         """(path, size) of every loose object whose sha256 is not in `used`."""

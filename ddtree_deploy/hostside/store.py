@@ -285,12 +285,11 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     cache = StatCache(ctx)
     objects = ObjectStore(ctx, pause_point)
     collector = Collector(objects, cache.started_ns - RACY_NS)
-    files, dirs = scan(ctx, cache, read=collector.hash)
-    sources = [(ctx.package_root + "/" + rel, e["sha256"]) for rel, e in files.items() if "link" not in e]
     added = Added()
     try:
-        added = objects.add(objects.from_files(sources, collector.kept))
-        collector.kept.clear()  # stored: let the memory go before the manifest is built
+        files, dirs = scan(ctx, cache, read=collector.hash)  # a first snapshot's pack fills as it goes
+        sources = [(ctx.package_root + "/" + rel, e["sha256"]) for rel, e in files.items() if "link" not in e]
+        added = collector.store_rest(sources)
         state = read_json(ctx.path("state.json"))
         snap_id = (
             time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
@@ -310,6 +309,7 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         }
         atomic_write(manifest_path(ctx, snap_id), json.dumps(manifest, separators=(",", ":")).encode())
     except BaseException as exc:
+        collector.abort()
         added.undo()  # the store stays exactly as it was
         if isinstance(exc, OSError):
             raise os_failure(exc, "snapshot") from None

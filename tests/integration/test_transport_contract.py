@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
-import marshal
 import json
+import marshal
 import os
 import stat
 from collections.abc import Iterator

@@ -36,9 +36,19 @@ def leftovers(ctx: Context) -> list[str]:
                                                           not Path(objects.other_half(str(p))).exists())]
 
 
-def test_rollback_from_a_cold_snapshots_pack_is_bit_exact(full_ctx: Context, full_site: Path) -> None:
+def test_rollback_from_a_cold_snapshots_pack_is_bit_exact(full_ctx: Context, full_site: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     pristine = tree_state(full_site)
+    writebacks: list[int] = []
+    real_fadvise = os.posix_fadvise
+
+    def counting(fd: int, offset: int, length: int, advice: int) -> None:
+        writebacks.append(length)
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", counting)
     snap = store.snapshot(full_ctx, {"reason": "cold"})
+    assert len(writebacks) >= 5  # the pack was streamed during the scan, its pages sent to disk as it grew
     assert [n.rsplit(".", 1)[1] for n in pack_folder(full_ctx)] == ["idx", "pack"]
     assert list(stored_objects(full_ctx)) == [pack_folder(full_ctx)[1]]  # nothing loose
     removed = sorted(p for p in pristine if p.startswith("sglang/srt/layers/") and not p.endswith("/"))
@@ -66,6 +76,25 @@ def test_a_cold_snapshot_reads_each_file_once(ctx: Context, site: Path, layout: 
     for rel, entry in manifest_of(ctx, snap["id"])["files"].items():
         assert stored.read(entry["sha256"]) == (site / rel).read_bytes()
     assert (list(stored_objects(ctx)) == ["loose"]) == (layout == "loose")
+
+
+def test_a_failure_mid_scan_with_the_pack_open_leaves_the_store_as_it_was(
+        full_ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    full_ctx.ensure_state_dir()
+    before = folder_listing(Path(full_ctx.state_dir))
+    real_read, reads = objects.read_to_end, []
+
+    def failing(fd: int, size: int) -> bytes:
+        reads.append(size)
+        if len(reads) == 2000:  # well after the pack opened (at PACK_MIN new contents)
+            raise OSError(errno.EIO, "Input/output error")
+        return real_read(fd, size)
+
+    monkeypatch.setattr(objects, "read_to_end", failing)
+    with pytest.raises(HelperFailure) as err:
+        store.snapshot(full_ctx, {"reason": "r"})
+    assert err.value.code == "os_error" and "nothing was changed" in err.value.message
+    assert folder_listing(Path(full_ctx.state_dir)) == before  # the half-written pack is gone
 
 
 def test_a_file_changed_between_hashing_and_storing_is_refused(
