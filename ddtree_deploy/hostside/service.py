@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -26,6 +27,7 @@ RECORD = "server.json"
 LOG = "server.log"
 TAIL_LINES = 40
 MAX_READ = 1 << 20  # bytes per incremental log read or HTTP body
+ACCEPT_POLL_S = 0.02  # how often a readiness wait tries a closed port between its polls
 LIVE_STATES = ("active", "activating", "reloading")
 
 
@@ -155,6 +157,15 @@ def http_request(port: int, path: str, method: str = "GET", body: Any = None,
             "elapsed_s": time.monotonic() - started}
 
 
+def accepting(port: int) -> bool:
+    """Whether something accepts connections on the loopback port (a connect, closed at once: ~50 us)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.05):
+            return True
+    except OSError:
+        return False
+
+
 class _ReadyChecker:
     """GETs the ready path in a background thread, so a hanging request never delays noticing a death."""
 
@@ -173,13 +184,17 @@ class _ReadyChecker:
         return False
 
     def wait(self, seconds: float) -> None:
-        """Sleep `seconds`, but wake as soon as the GET in flight answers 200 (not a poll interval later)."""
+        """Sleep `seconds`, but wake as soon as the GET in flight answers 200, or as soon as the port,
+        closed at the last GET, starts accepting (then the next GET goes now, not a poll interval later)."""
         deadline = time.monotonic() + seconds
         if self._thread is not None:
             self._thread.join(seconds)
-        left = deadline - time.monotonic()
-        if left > 0 and self.last.get("status") != 200:
-            time.sleep(left)
+        closed = self.last.get("status") is None and not accepting(self.port)
+        while self.last.get("status") != 200:
+            left = deadline - time.monotonic()
+            if left <= 0 or (closed and accepting(self.port)):
+                return
+            time.sleep(min(left, ACCEPT_POLL_S) if closed else left)
 
     def _ask(self) -> None:
         self.last = http_request(self.port, self.path, timeout=self.timeout)

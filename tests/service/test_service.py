@@ -202,3 +202,44 @@ def _state_file(host: ServiceHost, name: str) -> Path:
     matches = list((host.root / "state").glob(f"*/server/{name}"))
     assert len(matches) == 1, matches
     return matches[0]
+
+
+def test_a_readiness_wait_asks_again_as_soon_as_the_closed_port_opens() -> None:
+    """Between two polls the wait watches a closed port; once it accepts, the next GET goes at once
+    instead of a poll interval later (here a 30 s interval, so only waking early can pass)."""
+    import http.server
+    import threading
+    import time
+
+    from ddtree_deploy.hostside.service import _ReadyChecker
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    checker = _ReadyChecker(port, "/health_generate", timeout=5.0)
+    assert not checker.poll()
+    servers: list[http.server.HTTPServer] = []
+    opener = threading.Timer(0.5, lambda: servers.append(http.server.HTTPServer(("127.0.0.1", port), Healthy)))
+    opener.start()
+    started = time.monotonic()
+    checker.wait(30.0)
+    woke = time.monotonic() - started
+    opener.join()
+    (server,) = servers
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert woke < 15, f"slept {woke:.1f} s of a 30 s poll with the port open"
+        assert not checker.poll()  # asks now
+        checker.wait(30.0)  # wakes on the answer
+        assert checker.poll() and checker.last["status"] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
