@@ -6,10 +6,11 @@ OpenSSH's ControlPersist (which Ansible keeps on) and Python's multiprocessing f
 command runs as usual and, as it exits, leaves a server behind (a command that finds it still
 importing waits for it, up to STARTING_WAIT_S). Later commands connect to its unix socket and pass
 their argv, environment, working folder, umask and stdio descriptors; the server forks a child that
-runs the command exactly as the CLI process would, with those descriptors as its stdin/stdout/stderr. The client relays SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child's process
-group and exits with the child's status. If the client dies, even by SIGKILL, the server SIGKILLs that
-process group (the child and any local host helper it started): a killed controller stays killed,
-which is what crash safety assumes.
+runs the command exactly as the CLI process would, with those descriptors as its stdin/stdout/stderr.
+The client relays SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child's process group and exits with
+the child's status. If the client dies, even by SIGKILL, the server SIGKILLs that process group
+(the child and any local host helper it started): a killed controller stays killed, which is what
+crash safety assumes.
 
 The socket is keyed by the interpreter, `sys.path` (and the stamps of its folders, which change when a
 package is installed) and the stamps of this package's files, so an edited checkout or an upgrade
