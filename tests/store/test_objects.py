@@ -97,6 +97,31 @@ def test_a_failure_mid_scan_with_the_pack_open_leaves_the_store_as_it_was(
     assert folder_listing(Path(full_ctx.state_dir)) == before  # the half-written pack is gone
 
 
+def test_a_file_that_changes_before_its_second_read_aborts_the_streamed_pack(
+        ctx: Context, site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(objects, "PACK_MIN", 1)
+    ctx.ensure_state_dir()
+    (site / VERSION).write_text("__version__ = 'local'\n")  # too recent to trust one read: read again
+    before = folder_listing(Path(ctx.state_dir))
+    opened: list[objects.PackWriter] = []
+    real_init = objects.PackWriter.__init__
+
+    def recording(self: objects.PackWriter, store_: objects.ObjectStore) -> None:
+        real_init(self, store_)
+        opened.append(self)
+
+    def edited_meanwhile(path: str) -> Iterator[bytes]:
+        yield b"__version__ = 'edited between the scan and the store'\n"
+
+    monkeypatch.setattr(objects.PackWriter, "__init__", recording)
+    monkeypatch.setattr(objects, "file_chunks", edited_meanwhile)
+    with pytest.raises(HelperFailure) as err:
+        store.snapshot(ctx, {"reason": "r"})
+    assert err.value.code == "content_changed" and VERSION in err.value.message
+    assert opened and opened[0].index  # the pack was streaming the steady files when the refusal came
+    assert folder_listing(Path(ctx.state_dir)) == before
+
+
 def test_a_file_changed_between_hashing_and_storing_is_refused(
         ctx: Context, site: Path, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     store.snapshot(ctx, {"reason": "first"})
