@@ -251,7 +251,12 @@ class PackWriter:
         self.store = store
         self.made_dir = not os.path.isdir(store.pack_dir)
         os.makedirs(store.pack_dir, mode=0o700, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=store.pack_dir)
+        try:
+            fd, self.tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=store.pack_dir)
+        except BaseException:
+            if self.made_dir:
+                rmdir_quietly(store.pack_dir)  # a full disk leaves no empty pack folder either
+            raise
         self.out = os.fdopen(fd, "wb")
         self.index: Dict[str, List[int]] = {}
         self.size = 0

@@ -122,6 +122,21 @@ def test_a_file_that_changes_before_its_second_read_aborts_the_streamed_pack(
     assert folder_listing(Path(ctx.state_dir)) == before
 
 
+def test_a_full_disk_when_the_pack_is_opened_leaves_the_store_as_it_was(
+        full_ctx: Context, monkeypatch: pytest.MonkeyPatch) -> None:
+    full_ctx.ensure_state_dir()
+    before = folder_listing(Path(full_ctx.state_dir))
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(objects.tempfile, "mkstemp", full)
+    with pytest.raises(HelperFailure) as err:
+        store.snapshot(full_ctx, {"reason": "r"})
+    assert err.value.code == "disk_full"
+    assert folder_listing(Path(full_ctx.state_dir)) == before  # not even an empty pack folder
+
+
 def test_a_file_changed_between_hashing_and_storing_is_refused(
         ctx: Context, site: Path, layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
     store.snapshot(ctx, {"reason": "first"})
