@@ -8,7 +8,7 @@ importing waits for it, up to STARTING_WAIT_S). Later commands connect to its un
 their argv, environment, working folder, umask and stdio descriptors; the server forks a child that
 runs the command exactly as the CLI process would, with those descriptors as its stdin/stdout/stderr.
 The client relays SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child's process group and exits with
-the child's status. If the client dies, even by SIGKILL, the server SIGKILLs that process group
+the child's status; Ctrl-Z stops the child's group with the client, and `fg`/`bg` resume both. If the client dies, even by SIGKILL, the server SIGKILLs that process group
 (the child and any local host helper it started): a killed controller stays killed, which is what
 crash safety assumes.
 
@@ -157,6 +157,8 @@ def ask(sock: socket.socket, argv: list[str]) -> int | None:
     child = int(started.split()[1])
     for signum in FORWARDED:
         signal.signal(signum, lambda signum, _frame: forward(child, signum))
+    signal.signal(signal.SIGTSTP, lambda _signum, _frame: suspend(child))
+    signal.signal(signal.SIGCONT, lambda _signum, _frame: forward(child, signal.SIGCONT))
     finished = answers.readline()
     if not finished.startswith(b"exit "):
         sys.stderr.write(f"ddtree-deploy: the fork server went away while pid {child} ran the command\n")
@@ -187,6 +189,15 @@ def forward(child: int, signum: int) -> None:
         os.killpg(child, signum)
     except ProcessLookupError:
         pass
+
+
+def suspend(child: int) -> None:
+    """Ctrl-Z: the terminal stops only this client, so stop the command's group too, then this client.
+
+    The shell's `fg` or `bg` sends SIGCONT to this client, which passes it on (see `ask`).
+    """
+    forward(child, signal.SIGSTOP)
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def exit_code(status: int) -> int:

@@ -260,3 +260,22 @@ def test_a_signal_to_the_client_reaches_the_command(runtime: Runtime,
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == -signal.SIGTERM  # the client ends as the command did
     wait_until(lambda: not alive(helper), "SIGTERM never reached the command's process group")
+
+
+def state_of(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0]
+
+
+def test_ctrl_z_stops_the_command_with_its_client_and_fg_resumes_both(
+        runtime: Runtime, paused_push: tuple[subprocess.Popen[str], Path]) -> None:
+    proc, signal_file = paused_push
+    helper = int(signal_file.read_text())
+    (child,) = runtime.children()[-1:]
+    proc.send_signal(signal.SIGTSTP)  # what the terminal sends the foreground job on Ctrl-Z
+    wait_until(lambda: state_of(proc.pid) == "T", "the client did not stop")
+    wait_until(lambda: state_of(child) == "T" and state_of(helper) == "T", "the command ran on behind a stopped client")
+    proc.send_signal(signal.SIGCONT)  # the shell's fg
+    wait_until(lambda: "T" not in (state_of(proc.pid), state_of(child), state_of(helper)), "fg resumed only the client")
+    assert proc.poll() is None  # still the same push, paused in its helper as before
+
