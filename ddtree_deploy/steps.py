@@ -190,6 +190,7 @@ class PreflightArgs(NoArgs):
     allow_open_journal: bool = False
     check_drift: bool = True
     check_overlay: bool = True
+    refuse_broken_stack: bool = True  # false for rollback: the way out is never blocked, the problems are reported
 
 
 def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
@@ -209,13 +210,17 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
             host=run.host.name, code="journal_open",
             hint=f"run `ddtree-deploy rollback --host {run.host.name}` to restore that snapshot")
     problems = abi.check_host_stack(run.host.name, run.fingerprint)
+    unblocking = ""
+    if not args.refuse_broken_stack:
+        unblocking = "".join(f"; {p.field}: {p.message} (not blocking a rollback)" for p in abi.errors_of(problems))
+        problems = []
     if args.check_overlay and run.overlay is not None:
         problems += _overlay_problems(run)
     abi.raise_problems(problems)
     if args.check_drift and run.deployed is not None and not journal:
         _refuse_drift(run)
     return _ok("preflight", f"{run.fingerprint.sglang_version} on torch {run.fingerprint.torch_version}"
-               + (f", {run.deployed.label} deployed" if run.deployed and run.deployed.label else ""))
+               + (f", {run.deployed.label} deployed" if run.deployed and run.deployed.label else "") + unblocking)
 
 
 def take_lock(t: Transport, ttl_s: float) -> None:

@@ -214,3 +214,25 @@ def test_rollback_to_an_overlay_whose_manifest_is_gone_still_restores(fleet: Fle
     assert fleet.package_digest() == on_010
     assert fleet.json("rollback", "--host", "ct200")[0] == 0
     assert fleet.package_digest() == pristine
+
+
+def test_rollback_is_not_refused_by_a_stack_broken_since_the_push(fleet: Fleet) -> None:
+    """Rollback is the way out: a torch pin broken after the push (someone's pip install) is reported,
+    not a reason to keep the overlay; the fingerprint check against the snapshot still applies."""
+    assert fleet.json("rollback", "--host", "ct200")[0] == 0
+    pristine = fleet.package_digest()
+    assert fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")[0] == 0
+    (metadata,) = fleet.package_root.glob("sglang_kernel-*.dist-info/METADATA")
+    original = metadata.read_text()
+    metadata.write_text(original.replace("Requires-Dist: torch==2.11.0", "Requires-Dist: torch==2.10.0"))
+    try:
+        refused_push = host_row(fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.2.2")[1])
+        assert "sglang-kernel" in json.dumps(refused_push)  # a push still refuses the broken stack
+        code, out = fleet.json("rollback", "--host", "ct200")
+        result = host_row(out)["result"]
+        assert code == 0 and result["outcome"] == "ok", result
+        preflight = next(s for s in result["steps"] if s["step"] == "preflight")
+        assert "torch" in preflight["message"] and "not blocking a rollback" in preflight["message"]
+        assert fleet.package_digest() == pristine
+    finally:
+        metadata.write_text(original)
