@@ -190,7 +190,7 @@ class PreflightArgs(NoArgs):
     allow_open_journal: bool = False
     check_drift: bool = True
     check_overlay: bool = True
-    refuse_broken_stack: bool = True  # false for rollback: the way out is never blocked, the problems are reported
+    refuse_broken_stack: bool = True  # false for rollback, stop, prune: never blocked by it, the problems are reported
 
 
 def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
@@ -212,7 +212,7 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
     problems = abi.check_host_stack(run.host.name, run.fingerprint)
     unblocking = ""
     if not args.refuse_broken_stack:
-        unblocking = "".join(f"; {p.field}: {p.message} (not blocking a rollback)" for p in abi.errors_of(problems))
+        unblocking = "".join(f"; {p.field}: {p.message} (reported, not blocking)" for p in abi.errors_of(problems))
         problems = []
     if args.check_overlay and run.overlay is not None:
         problems += _overlay_problems(run)

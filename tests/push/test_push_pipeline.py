@@ -232,7 +232,10 @@ def test_rollback_is_not_refused_by_a_stack_broken_since_the_push(fleet: Fleet) 
         result = host_row(out)["result"]
         assert code == 0 and result["outcome"] == "ok", result
         preflight = next(s for s in result["steps"] if s["step"] == "preflight")
-        assert "torch" in preflight["message"] and "not blocking a rollback" in preflight["message"]
+        assert "torch" in preflight["message"] and "(reported, not blocking)" in preflight["message"]
         assert fleet.package_digest() == pristine
+        assert fleet.json("restart", "--host", "ct200")[0] != 0  # starting a server on it is refused
+        assert fleet.json("stop", "--host", "ct200")[0] == 0  # stopping one (freeing the GPU) never is
     finally:
         metadata.write_text(original)
+        assert fleet.json("restart", "--host", "ct200")[0] == 0
