@@ -210,9 +210,9 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
             host=run.host.name, code="journal_open",
             hint=f"run `ddtree-deploy rollback --host {run.host.name}` to restore that snapshot")
     problems = abi.check_host_stack(run.host.name, run.fingerprint)
-    unblocking = ""
+    not_blocking = ""
     if not args.refuse_broken_stack:
-        unblocking = "".join(f"; {p.field}: {p.message} (reported, not blocking)" for p in abi.errors_of(problems))
+        not_blocking = "".join(f"; {p.field}: {p.message} (reported, not blocking)" for p in abi.errors_of(problems))
         problems = []
     if args.check_overlay and run.overlay is not None:
         problems += _overlay_problems(run)
@@ -220,7 +220,7 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
     if args.check_drift and run.deployed is not None and not journal:
         _refuse_drift(run)
     return _ok("preflight", f"{run.fingerprint.sglang_version} on torch {run.fingerprint.torch_version}"
-               + (f", {run.deployed.label} deployed" if run.deployed and run.deployed.label else "") + unblocking)
+               + (f", {run.deployed.label} deployed" if run.deployed and run.deployed.label else "") + not_blocking)
 
 
 def take_lock(t: Transport, ttl_s: float) -> None:

@@ -211,21 +211,18 @@ class Collector:
 
     def collect(self, sha: str, data: bytes) -> None:
         """Keep a new content; at the PACK_MIN-th, open a pack and write those kept and every later one to it."""
-        if self.pack is None:
-            self.kept[sha] = data
+        self.kept[sha] = data
+        if self.pack is None and len(self.kept) < PACK_MIN:
             self.budget -= len(data)
-            if len(self.kept) < PACK_MIN:
-                return
-            self.pack = PackWriter(self.store)
-            for kept_sha, kept_data in self.kept.items():
-                self.pack.add(ObjectStore.from_bytes(kept_sha, kept_data))
-            self.kept.clear()
             return
-        self.pack.add(ObjectStore.from_bytes(sha, data))
+        self.pack = self.pack or PackWriter(self.store)
+        for kept_sha, kept_data in self.kept.items():
+            self.pack.add(ObjectStore.from_bytes(kept_sha, kept_data))
+        self.kept.clear()
 
     def store_rest(self, sources: List[Tuple[str, str]]) -> Added:
         """Store the new contents not stored yet (`sources`: (path, sha256) of every file) and finish the pack."""
-        rest = [i for i in self.store.from_files(sources, self.kept) if not (self.pack and i.sha in self.pack.index)]
+        rest = self.store.from_files(sources, self.kept)  # the pack skips what it holds already, unread
         self.kept.clear()
         if self.pack is None:
             return self.store.add(rest)
