@@ -22,7 +22,9 @@ sglang/ and its dist-info (path, mode, size; content for the files the overlay t
 pristine tree after a rollback and as ddtree-deploy's cold push left it after a push (for Ansible
 too), and the server reporting the expected speculative algorithm. Ratios are Ansible seconds / ddtree-deploy seconds, measured in this run, with
 the rounds of the two tools interleaved (see `measure`) and each one's load average printed beside it.
-Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.2.2] [--keep]`.
+Usage, from the repo root: `python -m bench.push [--overlay ddtree@0.2.2] [--repeat N] [--keep]`
+(`--repeat N`: every round N times, cold ones on emptied stores; the report gives medians and each
+repetition's ratio).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -156,10 +159,24 @@ def warm_pushed_tree(bench: Bench, cache: Path) -> float:
     for part in ["sglang", *(p.name for p in host.package_root.glob("sglang-*.dist-info"))]:
         shutil.copytree(host.package_root / part, scratch / part, symlinks=True)
     shutil.copytree(bench.ansible_dir / "files", scratch, dirs_exist_ok=True)
-    subprocess.run(["patch", "-p1", "--forward", "--batch", "--quiet", "-d", str(scratch)], check=True,
-                   input=(bench.ansible_dir / "overlay.diff").read_bytes())
-    subprocess.run([str(host.python), str(STANDIN), "--standin-compile-only", "--package-root", str(scratch),
-                    "--standin-compile-cache", str(cache)], check=True, capture_output=True)
+    subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "--quiet", "-d", str(scratch)],
+        check=True,
+        input=(bench.ansible_dir / "overlay.diff").read_bytes(),
+    )
+    subprocess.run(
+        [
+            str(host.python),
+            str(STANDIN),
+            "--standin-compile-only",
+            "--package-root",
+            str(scratch),
+            "--standin-compile-cache",
+            str(cache),
+        ],
+        check=True,
+        capture_output=True,
+    )
     shutil.rmtree(scratch)
     return time.monotonic() - started
 
@@ -243,8 +260,7 @@ def ddtree(bench: Bench, inventory: Path, label: str, *args: str) -> Timing:
     for row in rows:
         for step in row["result"]["steps"]:
             steps[step["step"]] = max(steps.get(step["step"], 0.0), step.get("duration_s") or 0.0)
-    return Timing(tool=DDTREE, op=label, seconds=seconds, steps_s=steps,
-                  served=served_commands(bench) > served_before)
+    return Timing(tool=DDTREE, op=label, seconds=seconds, steps_s=steps, served=served_commands(bench) > served_before)
 
 
 def served_commands(bench: Bench) -> int:
@@ -261,7 +277,9 @@ def wait_for_fork_server(bench: Bench) -> None:
     """
     folder = bench.root / "runtime" / "ddtree-deploy"
     deadline = time.monotonic() + 60
-    while not (list(folder.glob("*.sock")) and "serving as pid" in "".join(p.read_text() for p in folder.glob("*.log"))):
+    while not (
+        list(folder.glob("*.sock")) and "serving as pid" in "".join(p.read_text() for p in folder.glob("*.log"))
+    ):
         if time.monotonic() > deadline:
             raise SystemExit(f"no fork server came up under {folder}")
         time.sleep(0.05)
@@ -503,15 +521,32 @@ def ddtree_runner(bench: Bench, inventory: Path) -> Runner:
     return run
 
 
-def measure(bench: Bench, say: Callable[[str], None]) -> list[Timing]:
-    """Every timed round. The order pairs each ddtree-deploy round with an adjacent Ansible one, mirrored
-    (full: D A A D, files only: A D D A), so a load that drifts over the run (2 shared cores) favours neither.
-    Each tool works on its own four hosts (identical trees), so neither one's runs change what the other
-    finds: Ansible's rollback rewrites every file of the package, which on shared hosts would make
-    ddtree-deploy's next drift check re-hash the whole package, a cost no real fleet pays between pushes."""
+def measure(bench: Bench, say: Callable[[str], None], repeats: int = 1) -> list[Timing]:
+    """Every timed round, `repeats` times over. The order pairs each ddtree-deploy round with an adjacent
+    Ansible one, mirrored (full: D A A D, files only: A D D A), so a load that drifts over the run (2 shared
+    cores) favours neither. Each tool works on its own four hosts (identical trees), so neither one's runs
+    change what the other finds: Ansible's rollback rewrites every file of the package, which on shared
+    hosts would make ddtree-deploy's next drift check re-hash the whole package, a cost no real fleet pays
+    between pushes. Before each repetition after the first, ddtree-deploy's stores are emptied, so its
+    cold rounds are cold again."""
     pristine = digests(bench, DDTREE)
     if digests(bench, ANSIBLE) != pristine:
         raise SystemExit("the two tools' hosts do not start from the same package")
+    ddtree(bench, bench.inventory, "start", "restart")  # servers run before a push, as on the real hosts
+    if forkserver.enabled():
+        wait_for_fork_server(bench)
+    timings: list[Timing] = []
+    for repeat in range(repeats):
+        if repeat:
+            say(f"repetition {repeat + 1} of {repeats}: ddtree-deploy's stores emptied ({empty_stores(bench)} hosts)")
+        timings += one_repetition(bench, pristine, first=not repeat)
+    ddtree(bench, bench.inventory, "stop", "stop")
+    ansible(bench, "stop", "stop")
+    say("all rounds done")
+    return timings
+
+
+def one_repetition(bench: Bench, pristine: dict[str, str], first: bool) -> list[Timing]:
     full_d, files_d = ddtree_runner(bench, bench.inventory), ddtree_runner(bench, bench.files_inventory)
 
     def full_a(op: str, label: str) -> Timing:
@@ -520,9 +555,6 @@ def measure(bench: Bench, say: Callable[[str], None]) -> list[Timing]:
     def files_a(op: str, label: str) -> Timing:
         return ansible(bench, f"{op}_files", label)
 
-    ddtree(bench, bench.inventory, "start", "restart")  # servers run before a push, as on the real hosts
-    if forkserver.enabled():
-        wait_for_fork_server(bench)
     cold = full_d("push", "push (cold)")
     pushed = digests(bench, DDTREE)
     if pushed == pristine:
@@ -531,31 +563,45 @@ def measure(bench: Bench, say: Callable[[str], None]) -> list[Timing]:
     serving = (Expect(digests=pushed, serving=True, algorithm=algorithm), Expect(digests=pristine, serving=True))
     files = (Expect(digests=pushed, serving=False), Expect(digests=pristine, serving=False))
     timings = [check(bench, cold, serving[0]), check(bench, full_d("rollback", "rollback (cold)"), serving[1])]
-    ansible(bench, "prepare", "prepare")  # untimed, as ddtree-deploy's first restart
-    ansible(bench, "start", "start")
+    if first:
+        ansible(bench, "prepare", "prepare")  # untimed, as ddtree-deploy's first restart
+        ansible(bench, "start", "start")
     timings += rounds(full_a, bench, ["cold"], *serving)
     timings += rounds(files_a, bench, ["files only, cold"], *files)
     timings += rounds(files_d, bench, ["files only, cold", "files only, warm"], *files)
     timings += rounds(files_a, bench, ["files only, warm"], *files)
     timings += rounds(full_a, bench, ["warm"], *serving)
     timings += rounds(full_d, bench, ["warm"], *serving)
-    ddtree(bench, bench.inventory, "stop", "stop")
-    ansible(bench, "stop", "stop")
-    say("all rounds done")
     return timings
+
+
+def empty_stores(bench: Bench) -> int:
+    """Remove every snapshot and object of ddtree-deploy's hosts (nothing is deployed after a rollback)."""
+    emptied = 0
+    for inventory in (bench.inventory, bench.files_inventory):
+        for entry in yaml.safe_load(inventory.read_text())["hosts"].values():
+            for env_dir in Path(entry["state_dir"]).iterdir():
+                state = json.loads((env_dir / "state.json").read_text()) if (env_dir / "state.json").exists() else {}
+                if state.get("overlay") or (env_dir / "journal.json").exists():
+                    raise SystemExit(f"{env_dir}: something is deployed; its store cannot be emptied")
+                for name in ("objects", "snapshots"):
+                    shutil.rmtree(env_dir / name, ignore_errors=True)
+                emptied += 1
+    return emptied
 
 
 # ---------------------------------------------------------------- report
 
 
 def table(timings: list[Timing]) -> list[dict[str, Any]]:
-    """One row per operation: both tools' seconds and the ratio Ansible / ddtree-deploy."""
-    by_op: dict[str, dict[str, float]] = {}
+    """One row per operation: each tool's median seconds over the repetitions, their ratio (Ansible / ddtree-deploy),
+    and the ratio of each repetition on its own (the n-th run of each tool, which ran side by side)."""
+    by_op: dict[str, dict[str, list[float]]] = {}
     for t in timings:
-        by_op.setdefault(t.op, {})[t.tool] = t.seconds
+        by_op.setdefault(t.op, {}).setdefault(t.tool, []).append(t.seconds)
     rows = []
     for op, seconds in by_op.items():
-        ours, theirs = seconds["ddtree-deploy"], seconds["Ansible"]
+        ours, theirs = statistics.median(seconds[DDTREE]), statistics.median(seconds[ANSIBLE])
         rows.append(
             {
                 "operation": op,
@@ -563,6 +609,9 @@ def table(timings: list[Timing]) -> list[dict[str, Any]]:
                 "ansible_s": round(theirs, 2),
                 "ratio": round(theirs / ours, 2),
                 "meets_goal": theirs / ours >= GOAL,
+                "each_ratio": [round(a / d, 2) for d, a in zip(seconds[DDTREE], seconds[ANSIBLE], strict=True)],
+                "each_ddtree_deploy_s": [round(d, 2) for d in seconds[DDTREE]],
+                "each_ansible_s": [round(a, 2) for a in seconds[ANSIBLE]],
             }
         )
     return rows
@@ -570,15 +619,24 @@ def table(timings: list[Timing]) -> list[dict[str, Any]]:
 
 def print_report(timings: list[Timing]) -> list[dict[str, Any]]:
     rows = table(timings)
+    repeats = len(rows[0]["each_ratio"])
     print("\ncold/warm: ddtree-deploy's store empty / already holding the package's contents; for Ansible, its first")
     print("and second round (it archives the whole package on every push either way)")
+    if repeats > 1:
+        print(
+            f"seconds: the median of {repeats} repetitions; ratio: of the medians; each: every repetition's own ratio"
+        )
     print(f"{'operation':32s} {'ddtree-deploy s':>15s} {'Ansible s':>10s} {'ratio':>7s}  target >= {GOAL:.0f}x")
     for r in rows:
         verdict = "met" if r["meets_goal"] else "MISSED"
-        print(f"{r['operation']:32s} {r['ddtree_deploy_s']:15.2f} {r['ansible_s']:10.2f} {r['ratio']:6.2f}x  {verdict}")
+        each = f"  each: {', '.join(f'{x:.2f}x' for x in r['each_ratio'])}" if repeats > 1 else ""
+        print(
+            f"{r['operation']:32s} {r['ddtree_deploy_s']:15.2f} {r['ansible_s']:10.2f} {r['ratio']:6.2f}x  "
+            f"{verdict}{each}"
+        )
     print("\nwhere ddtree-deploy's time goes (each step: its slowest host, s; the rest is the CLI and connections)")
     for t in timings:
-        if t.tool == "ddtree-deploy":
+        if t.tool == DDTREE:
             steps = "  ".join(f"{k} {v:.2f}" for k, v in t.steps_s.items())
             print(f"  {t.op:30s} {t.seconds:6.2f}s  {steps}{'  [fork server]' if t.served else ''}")
     return rows
@@ -588,6 +646,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--overlay", default="ddtree@0.2.2", help="NAME@VERSION under overlays/")
     parser.add_argument("--keep", action="store_true", help="keep the bench folder (printed) for inspection")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every round N times (cold rounds with emptied stores); report medians",
+    )
     opts = parser.parse_args(argv)
     began = time.monotonic()
 
@@ -602,11 +667,21 @@ def main(argv: list[str] | None = None) -> None:
         fleets.append(start_hosts(folder / "fleet-ansible"))
         say(f"4 hosts for each tool built and their sshd started under {folder}")
         bench = setup(folder, fleets[0], fleets[1], opts.overlay, say)
-        rows = print_report(measure(bench, say))
+        rows = print_report(measure(bench, say, opts.repeat))
         ansible_core = importlib.metadata.version("ansible-core")
         print(f"\nAnsible: ansible-core {ansible_core}")
-        print(json.dumps({"bench": "push", "overlay": opts.overlay, "goal": GOAL, "ansible_core": ansible_core,
-                          "rows": rows}))
+        print(
+            json.dumps(
+                {
+                    "bench": "push",
+                    "overlay": opts.overlay,
+                    "goal": GOAL,
+                    "ansible_core": ansible_core,
+                    "repeat": opts.repeat,
+                    "rows": rows,
+                }
+            )
+        )
         say("done")
     finally:
         stop_fork_servers(folder)
@@ -638,8 +713,12 @@ def setup(folder: Path, fleet: Fleet, ansible_fleet: Fleet, overlay: str, say: C
     # A runtime folder of its own: the first command finds no fork server, as on a fresh machine, and
     # starts the one that serves the later commands (DDTREE_DEPLOY_FORKSERVER=0 benches without it).
     (folder / "runtime").mkdir(mode=0o700)
-    env = {**os.environ, "DDTREE_OVERLAYS": str(REPO / "overlays"), "DDTREE_AUDIT_LOG": str(folder / "audit.jsonl"),
-           "XDG_RUNTIME_DIR": str(folder / "runtime")}
+    env = {
+        **os.environ,
+        "DDTREE_OVERLAYS": str(REPO / "overlays"),
+        "DDTREE_AUDIT_LOG": str(folder / "audit.jsonl"),
+        "XDG_RUNTIME_DIR": str(folder / "runtime"),
+    }
     bench = Bench(
         root=folder,
         overlay=overlay,
@@ -655,7 +734,9 @@ def setup(folder: Path, fleet: Fleet, ansible_fleet: Fleet, overlay: str, say: C
         ports=ports,
     )
     ansible_project(bench, ansible_fleet, service_entries(ansible_fleet, ports[ANSIBLE], folder / "compile-cache.json"))
-    say(f"compile cache warmed for the pushed package too in {warm_pushed_tree(bench, folder / 'compile-cache.json'):.1f}s")
+    say(
+        f"compile cache warmed for the pushed package too in {warm_pushed_tree(bench, folder / 'compile-cache.json'):.1f}s"
+    )
     return bench
 
 

@@ -291,10 +291,11 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         sources = [(ctx.package_root + "/" + rel, e["sha256"]) for rel, e in files.items() if "link" not in e]
         added = collector.store_rest(sources)
         state = read_json(ctx.path("state.json"))
+        digest = files_digest(files)
         snap_id = (
             time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
             + "-"
-            + hashlib.sha256(("%r%d" % (sorted(files.items()), time.time_ns())).encode()).hexdigest()[:8]
+            + hashlib.sha256(("%s%d" % (digest, time.time_ns())).encode()).hexdigest()[:8]
         )
         manifest = {
             "id": snap_id,
@@ -314,7 +315,7 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         if isinstance(exc, OSError):
             raise os_failure(exc, "snapshot") from None
         raise
-    summary = summarize(manifest)
+    summary = summarize(manifest, digest)
     try:  # both are conveniences: the manifest alone is the record
         index_append(ctx, summary)
         cache.save(ctx)
@@ -339,9 +340,14 @@ def overlay_label(state: Optional[Dict[str, Any]]) -> Optional[str]:
     return None
 
 
-def summarize(manifest: Dict[str, Any]) -> Dict[str, Any]:
+def files_digest(files: Dict[str, Entry]) -> str:
+    """The digest of a manifest's files: equal digests mean the package was exactly the same."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def summarize(manifest: Dict[str, Any], digest: Optional[str] = None) -> Dict[str, Any]:
+    """The index row of a manifest (`digest`: its files' digest, when the caller has it already)."""
     files = manifest["files"]
-    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     return {
         "id": manifest["id"],
         "time": manifest["time"],
@@ -349,7 +355,7 @@ def summarize(manifest: Dict[str, Any]) -> Dict[str, Any]:
         "files": len(files),
         "overlay": manifest.get("overlay"),
         "fingerprint": manifest.get("fingerprint"),  # what restore compares the host against
-        "digest": digest,
+        "digest": digest or files_digest(files),
     }
 
 
