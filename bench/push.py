@@ -11,7 +11,7 @@ gets its own four, identical, so neither changes what the other finds. In one ru
   service blocks (files only, issue 3's measure) and a fresh state folder.
 * Ansible (ansible-core's `ansible-playbook`, forks 4, pipelining, ControlPersist as shipped, no fact
   gathering, the interpreter set per host): the same job as an expert would write it. Push = `tar`
-  the installed package and its dist-info, `copy` the overlay's new files, `patch -p1` its patch set
+  the installed package and its dist-info, `copy` the overlay's new files and pip's RECORD listing them (made on the controller), `patch -p1` its patch set
   (one command, the diffs on stdin), restart the server (SIGTERM to its process group, SIGKILL after a
   grace, start detached), `uri` health with retries every 0.25 s. Rollback = remove the package and
   untar the archive (exact: files the overlay added are gone), restart, health. Files only: no restart.
@@ -52,6 +52,8 @@ import yaml
 from pydantic import BaseModel
 
 from ddtree_deploy import forkserver
+from ddtree_deploy.overlay import apply_patch
+from ddtree_deploy.record import record_path, updated_record
 from sandbox.fleet import STANDIN, free_port, host_entry
 from sandbox.hosts import SGLANG_VERSION, SandboxHost, build_host, package_files
 
@@ -340,15 +342,31 @@ control_path_dir = {out / "cp"}
         )
     lines += ["", "[eval:vars]", f"ansible_ssh_common_args='-F {fleet.ssh_config}'"]
     (out / "hosts.ini").write_text("\n".join(lines) + "\n")
-    # the role's files/: the manifest's new files (the overlay folder may hold bytecode caches besides)
+    # the role's files/: the manifest's new files (the overlay folder may hold bytecode caches besides),
+    # and pip's RECORD listing them, made on the controller (the hosts' trees are identical)
     for relative in bench.new_files:
         (out / "files" / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(bench.overlay_dir / "files" / relative, out / "files" / relative)
+    record = out / "files" / record_path(SGLANG_VERSION)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_bytes(pushed_record(bench, next(iter(fleet.hosts.values()))))
     patches = bench.overlay_dir / "patches" / SGLANG_VERSION
     (out / "overlay.diff").write_text("".join((patches / f"{p}.diff").read_text() for p in bench.patched))
     for name, tasks in playbooks(bench).items():
         play = [{"name": name, "hosts": "eval", "gather_facts": False, "tasks": tasks}]
         (out / f"{name}.yml").write_text(yaml.safe_dump(play, sort_keys=False, width=200))
+
+
+def pushed_record(bench: Bench, host: SandboxHost) -> bytes:
+    """The host's RECORD as the push leaves it: listing the new files, with the patched files' new hashes."""
+    contents = {p: (bench.overlay_dir / "files" / p).read_bytes() for p in bench.new_files}
+    for relative in bench.patched:
+        diff = bench.overlay_dir / "patches" / SGLANG_VERSION / f"{relative}.diff"
+        patched, conflicts = apply_patch(diff, relative, (host.package_root / relative).read_bytes())
+        if patched is None:
+            raise SystemExit(f"{diff} does not apply: {conflicts}")
+        contents[relative] = patched
+    return updated_record((host.package_root / record_path(SGLANG_VERSION)).read_bytes(), contents)
 
 
 def playbooks(bench: Bench) -> dict[str, list[dict[str, Any]]]:
@@ -359,7 +377,7 @@ def playbooks(bench: Bench) -> dict[str, list[dict[str, Any]]]:
         "ansible.builtin.command": {"cmd": f"tar -cf {archive} sglang {{{{ dist_info }}}}", "chdir": "{{ pkg_root }}"},
     }
     copy = {
-        "name": "copy the overlay's new files",
+        "name": "copy the overlay's new files and pip's RECORD listing them",
         "ansible.builtin.copy": {"src": f"{bench.ansible_dir / 'files'}/", "dest": "{{ pkg_root }}/"},
     }
     patch = {
@@ -498,7 +516,7 @@ def speculative_algorithm(server_args: list[str]) -> str | None:
 
 
 def digests(bench: Bench, tool: str) -> dict[str, str]:
-    touched = [*bench.new_files, *bench.patched]
+    touched = [*bench.new_files, *bench.patched, record_path(SGLANG_VERSION)]
     return {name: package_digest(host, touched) for name, host in bench.hosts[tool].items()}
 
 
@@ -576,16 +594,20 @@ def one_repetition(bench: Bench, pristine: dict[str, str], first: bool) -> list[
 
 
 def empty_stores(bench: Bench) -> int:
-    """Remove every snapshot and object of ddtree-deploy's hosts (nothing is deployed after a rollback)."""
+    """Make ddtree-deploy's hosts as its first cold push found them: no snapshot, no object, no state.json.
+
+    Only between repetitions, after a rollback (nothing deployed); the server's own files (`server/`) stay.
+    """
     emptied = 0
     for inventory in (bench.inventory, bench.files_inventory):
         for entry in yaml.safe_load(inventory.read_text())["hosts"].values():
             for env_dir in Path(entry["state_dir"]).iterdir():
-                state = json.loads((env_dir / "state.json").read_text()) if (env_dir / "state.json").exists() else {}
+                state = json.loads((env_dir / "state.json").read_text())
                 if state.get("overlay") or (env_dir / "journal.json").exists():
                     raise SystemExit(f"{env_dir}: something is deployed; its store cannot be emptied")
                 for name in ("objects", "snapshots"):
-                    shutil.rmtree(env_dir / name, ignore_errors=True)
+                    shutil.rmtree(env_dir / name)
+                (env_dir / "state.json").unlink()
                 emptied += 1
     return emptied
 

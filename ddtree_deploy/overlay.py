@@ -40,6 +40,7 @@ from pydantic import (
 from ddtree_deploy.abi import ArtifactBuild, Requires
 from ddtree_deploy.errors import OverlayError, PreflightError
 from ddtree_deploy.probes import ProbeSpec
+from ddtree_deploy.record import record_path, updated_record
 from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 PACKAGE = "sglang"
@@ -49,6 +50,7 @@ MANIFEST = "overlay.yaml"
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
 DEFAULT_CREATE_MODE = 0o644
 REVERT = "revert of the deployed overlay"
+RECORD = "pip's RECORD, listing the overlay's files"
 
 
 # ---------------------------------------------------------------- manifest models
@@ -454,7 +456,9 @@ def plan(overlay: Overlay, base_version: str, host_files: dict[str, HostFile], *
         base_version: the host's installed sglang release; it must have a patch set.
         host_files: facts for every path in `overlay.touched(...)` and in `deployed_paths`, with
             contents (`read_host_files` fetches them). When an overlay is deployed, each carries
-            `base`: the file as the deployed overlay's base snapshot recorded it.
+            `base`: the file as the deployed overlay's base snapshot recorded it. When they also
+            describe an existing pip RECORD (`record.record_path(base_version)`), the plan rewrites
+            it to list the overlay's files, and the overlay owns it.
         artifacts_folder: the `files-<cuda>/` folder chosen for the host (abi.select_artifacts).
         deployed_paths: paths the deployed overlay owns (state.json `files`); those this overlay
             does not touch go back to their base bytes.
@@ -478,9 +482,13 @@ def plan(overlay: Overlay, base_version: str, host_files: dict[str, HostFile], *
     owned = set(wanted)
     for path in sorted(set(deployed_paths) - owned):
         base = _facts(host_files, path, host).pristine
-        if base.exists and base.content is None:
-            raise ValueError(f"plan() needs the base content of {path}")  # a caller bug, like a missing fact
-        wanted[path] = (base.content if base.exists else None, base.mode, REVERT)
+        wanted[path] = (_content_of(base, path), base.mode, REVERT)
+    record = record_path(base_version)
+    if record in host_files and host_files[record].pristine.exists:  # kept in step when the host has one
+        listed = {path: content for path in owned if (content := wanted[path][0]) is not None}
+        pip_record = _content_of(_facts(host_files, record, host).pristine, record) or b""
+        wanted[record] = (updated_record(pip_record, listed), None, RECORD)
+        owned.add(record)
     changes, files, unchanged = [], {}, []
     for path, (content, mode, why) in sorted(wanted.items()):
         now = host_files[path]
@@ -496,6 +504,12 @@ def plan(overlay: Overlay, base_version: str, host_files: dict[str, HostFile], *
                               "files": {p: f.sha256 for p, f in files.items()}}, sort_keys=True).encode())
     return Plan(overlay=overlay.name, version=overlay.version, base=base_version, digest=digest,
                 base_snapshot=base_snapshot, changes=changes, files=files, unchanged=unchanged)
+
+
+def _content_of(facts: FileFacts, path: str) -> bytes | None:
+    if facts.exists and facts.content is None:
+        raise ValueError(f"plan() needs the content of {path}")  # a caller bug, like a missing fact
+    return facts.content if facts.exists else None
 
 
 def _create_mode(source: Path) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pip
 import pytest
 
 if TYPE_CHECKING:
@@ -239,3 +241,29 @@ def test_rollback_is_not_refused_by_a_stack_broken_since_the_push(fleet: Fleet) 
     finally:
         metadata.write_text(original)
         assert fleet.json("restart", "--host", "ct200")[0] == 0
+
+
+def test_pip_uninstall_of_a_pushed_package_removes_the_overlays_files_too(fleet: Fleet, tmp_path: Path) -> None:
+    """The push lists its created files in pip's RECORD, so real pip (this machine's, run by a venv's python
+    on a copy of the pushed package) leaves no file of sglang/ behind; the host itself is rolled back after."""
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")
+    assert code == 0 and host_row(out)["result"]["outcome"] == "ok", out
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    for top in fleet.package_root.iterdir():
+        if top.name == "sglang" or (top.name.startswith("sglang-") and top.name.endswith(".dist-info")):
+            shutil.copytree(top, site / top.name, symlinks=True)
+    created = [p for p in (site / "sglang" / "srt" / "speculative").glob("ddtree*.py")]
+    assert created, "the overlay created no ddtree module"
+    (tmp_path / "pip-only").mkdir()
+    (tmp_path / "pip-only" / "pip").symlink_to(Path(pip.__file__).parent)
+    uninstall = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "sglang"],
+                               env={**os.environ, "PYTHONPATH": str(tmp_path / "pip-only")},
+                               capture_output=True, text=True, check=False)
+    assert uninstall.returncode == 0, uninstall.stdout + uninstall.stderr
+    left = [p for p in (site / "sglang").rglob("*") if p.is_file() and "__pycache__" not in p.parts] \
+        if (site / "sglang").exists() else []
+    assert left == [], f"pip uninstall left {left[:5]}"
+    code, out = fleet.json("rollback", "--host", "ct200")
+    assert code == 0, out

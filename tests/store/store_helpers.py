@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import signal
@@ -22,6 +24,7 @@ from ddtree_deploy.hostside import objects, store
 from ddtree_deploy.hostside.common import Context, read_json
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import HostFile, Overlay, Plan, plan
+from ddtree_deploy.record import record_path
 from ddtree_deploy.transport import LocalTransport
 
 OVERLAYS = Path(__file__).parent / "overlays"
@@ -42,6 +45,21 @@ def tree_state(root: Path) -> dict[str, Any]:
                 out[f"{rel_folder}/{name}"] = (hashlib.sha256(path.read_bytes()).hexdigest(),
                                                stat.S_IMODE(path.lstat().st_mode))
     return out
+
+
+def pip_listing(site: Path) -> tuple[set[str], list[str]]:
+    """What pip's RECORD lists for sglang (read by importlib.metadata, as pip reads it), and every listed
+    file on disk whose hash or size differs (a test site may hold only some of the package's files)."""
+    dist = importlib.metadata.Distribution.at(site / "sglang-0.5.17.dist-info")
+    listed, wrong = set(), []
+    for entry in dist.files or []:
+        listed.add(entry.as_posix())
+        if entry.hash is not None and (site / entry).is_file():
+            data = (site / entry).read_bytes()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
+            if (entry.hash.mode, entry.hash.value, entry.size) != ("sha256", digest, len(data)):
+                wrong.append(entry.as_posix())
+    return listed, wrong
 
 
 def stored_objects(ctx: Context) -> dict[str, list[str]]:
@@ -113,7 +131,7 @@ def plan_in_process(ctx: Context, overlay: Overlay, base: str = "0.5.17") -> Pla
     deployed = read_json(ctx.path("state.json")) or {}
     owned = sorted(deployed.get("files") or {}) if deployed.get("overlay") else []
     base_snapshot = deployed.get("base_snapshot") if deployed.get("overlay") else None
-    paths = sorted(set(overlay.touched(base)) | set(owned))
+    paths = sorted({*overlay.touched(base), *owned, record_path(base)})
     answer = store.read_files(ctx, {"paths": paths, "want_content": paths, "snapshot": base_snapshot})
     facts = {p: HostFile.from_helper(f) for p, f in answer["files"].items()}
     return plan(overlay, base, facts, deployed_paths=owned, base_snapshot=base_snapshot, host="sbx")

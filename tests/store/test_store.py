@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_helpers import folder_listing, object_count, plan_in_process, push_in_process, stored_objects, tree_state
+from store_helpers import (
+    folder_listing,
+    object_count,
+    pip_listing,
+    plan_in_process,
+    push_in_process,
+    stored_objects,
+    tree_state,
+)
 
 from ddtree_deploy.hostside import objects, store
 from ddtree_deploy.hostside.common import Context, HelperFailure, read_json
@@ -18,6 +26,7 @@ from ddtree_deploy.overlay import Overlay
 SERVER_ARGS = "sglang/srt/server_args.py"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 MINI_UTILS = "sglang/srt/speculative/mini_utils.py"
+PIP_RECORD = "sglang-0.5.17.dist-info/RECORD"
 MINI_V2 = "sglang/srt/speculative/mini_v2.py"
 
 
@@ -91,7 +100,9 @@ def test_push_then_restore_is_bit_exact_and_pushing_twice_writes_nothing(
     pristine = tree_state(site)
     the_plan, snap = push_in_process(ctx, mini("0.1.0"))
     assert {c.path: c.action for c in the_plan.changes} == {
-        SERVER_ARGS: "write", SPEC_INFO: "write", MINI_UTILS: "create"}
+        SERVER_ARGS: "write", SPEC_INFO: "write", MINI_UTILS: "create", PIP_RECORD: "write"}
+    listed, wrong = pip_listing(site)  # `pip uninstall sglang` would remove the created file too
+    assert MINI_UTILS in listed and not wrong, wrong
     assert b"MINI_OVERLAY = True" in (site / SERVER_ARGS).read_bytes()
     assert (site / MINI_UTILS).read_bytes() == (mini("0.1.0").root / "files" / MINI_UTILS).read_bytes()
     assert store.verify(ctx, {})["clean"]
@@ -120,6 +131,8 @@ def test_upgrade_reverts_what_the_new_version_drops_and_rollback_returns_to_the_
     assert actions[SERVER_ARGS] == ("write", "revert of the deployed overlay")
     assert actions[MINI_V2][0] == "create" and actions[MINI_UTILS][0] == "write"
     assert SPEC_INFO in upgrade.unchanged  # the same hunk in both versions: nothing to write
+    listed, wrong = pip_listing(site)  # RECORD lists what 0.2.0 created, with every hash up to date
+    assert {MINI_V2, MINI_UTILS} <= listed and not wrong, wrong
     assert tree_state(site)[SERVER_ARGS] == pristine[SERVER_ARGS]
     assert store.verify(ctx, {})["clean"]
     assert read_json(ctx.path("state.json"))["base_snapshot"] == base_snap
