@@ -37,7 +37,9 @@ def updated_record(record: bytes, contents: dict[str, bytes]) -> bytes:
 
 
 def _path_of(line: str) -> str:
-    return next(csv.reader([line]), [""])[0]
+    if line.startswith('"'):  # quoted by csv: the path holds a comma or a quote
+        return next(csv.reader([line]), [""])[0]
+    return line.split(",", 1)[0]
 
 
 def _row(path: str, data: bytes) -> str:

@@ -67,6 +67,19 @@ tool status   60 status
 [ "${QUICK:-0}" = 1 ] || tool start 240 restart --host h200   # the pre-push server: plain target, no DDTREE
 tool push    300 push --host h200 --overlay "ddtree@$V"  # snapshot, apply, restart with DDTREE, probes
 tool status2  60 status
+timeout 30 python3 - <<'PY' 2>&1 | tee -a "$W/transcript.txt"   # pip's RECORD after the push, read as pip reads it
+import base64, hashlib, importlib.metadata, pathlib
+site = pathlib.Path("/tmp/site"); dist = importlib.metadata.Distribution.at(next(site.glob("sglang-*.dist-info")))
+files = dist.files or []; wrong = []
+for f in files:
+    if f.hash and (site / f).is_file():
+        data = (site / f).read_bytes()
+        if f.hash.value != base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=") or f.size != len(data):
+            wrong.append(str(f))
+ddtree = sorted(str(f) for f in files if "ddtree" in str(f))
+on_disk = sorted(str(p.relative_to(site)) for p in (site / "sglang").rglob("*ddtree*.py"))
+print(f"RECORD after the push: {len(files)} rows; listed ddtree files {ddtree}; on disk {on_disk}; rows whose hash or size is stale: {wrong or 'none'}")
+PY
 timeout 30 python3 - <<'PY' 2>&1 | tee -a "$W/transcript.txt"   # one alternating prompt on the deployed server
 import json, time, urllib.request
 body = {"input_ids": [262, 263] * 4, "sampling_params": {"temperature": 0, "max_new_tokens": 240, "ignore_eos": True}}
