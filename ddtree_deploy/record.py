@@ -24,16 +24,16 @@ def record_path(base_version: str) -> str:
 def updated_record(record: bytes, contents: dict[str, bytes]) -> bytes:
     """`record` with the row of each path in `contents` replaced, or added where it sorts (pip writes
     its rows sorted by path; an unsorted RECORD gets the new rows at its end)."""
-    lines = record.decode().splitlines()
-    paths = [_path_of(line) for line in lines]
-    fresh = {path: _row(path, data) for path, data in contents.items()}
+    lines = [line if line.endswith(("\n", "\r")) else line + "\n" for line in record.decode().splitlines(True)]
+    paths = [_path_of(line.rstrip("\r\n")) for line in lines]
+    fresh = {path: _row(path, data) + "\n" for path, data in contents.items()}
     lines = [fresh.pop(path, line) for path, line in zip(paths, lines, strict=True)]
     in_order = paths == sorted(paths)
     for path, line in sorted(fresh.items()):
         at = bisect.bisect(paths, path) if in_order else len(paths)
         paths.insert(at, path)
         lines.insert(at, line)
-    return "".join(line + "\n" for line in lines).encode()
+    return "".join(lines).encode()
 
 
 def _path_of(line: str) -> str:

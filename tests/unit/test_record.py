@@ -50,3 +50,8 @@ def test_an_unsorted_record_gets_new_rows_at_its_end() -> None:
 
 def test_the_record_of_a_release_sits_in_its_dist_info() -> None:
     assert record_path("0.5.17") == "sglang-0.5.17.dist-info/RECORD"
+
+
+def test_line_endings_of_untouched_rows_are_kept() -> None:
+    crlf = b"a.py,sha256=A,1\r\nb.py,sha256=B,1\r\n"
+    assert updated_record(crlf, {"b.py": b"b"}) == f"a.py,sha256=A,1\r\nb.py,{pip_hash(b'b')},1\n".encode()
