@@ -14,6 +14,7 @@ import bisect
 import csv
 import hashlib
 import io
+import re
 
 
 def record_path(base_version: str) -> str:
@@ -24,7 +25,8 @@ def record_path(base_version: str) -> str:
 def updated_record(record: bytes, contents: dict[str, bytes]) -> bytes:
     """`record` with the row of each path in `contents` replaced, or added where it sorts (pip writes
     its rows sorted by path; an unsorted RECORD gets the new rows at its end)."""
-    lines = [line if line.endswith(("\n", "\r")) else line + "\n" for line in record.decode().splitlines(True)]
+    text = record.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 pass through unchanged
+    lines = [line if line.endswith("\n") else line + "\n" for line in re.findall(r"[^\n]*\n|[^\n]+$", text)]
     paths = [_path_of(line.rstrip("\r\n")) for line in lines]
     fresh = {path: _row(path, data) + "\n" for path, data in contents.items()}
     lines = [fresh.pop(path, line) for path, line in zip(paths, lines, strict=True)]
@@ -33,7 +35,7 @@ def updated_record(record: bytes, contents: dict[str, bytes]) -> bytes:
         at = bisect.bisect(paths, path) if in_order else len(paths)
         paths.insert(at, path)
         lines.insert(at, line)
-    return "".join(lines).encode()
+    return "".join(lines).encode("utf-8", "surrogateescape")
 
 
 def _path_of(line: str) -> str:

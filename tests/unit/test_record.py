@@ -55,3 +55,9 @@ def test_the_record_of_a_release_sits_in_its_dist_info() -> None:
 def test_line_endings_of_untouched_rows_are_kept() -> None:
     crlf = b"a.py,sha256=A,1\r\nb.py,sha256=B,1\r\n"
     assert updated_record(crlf, {"b.py": b"b"}) == f"a.py,sha256=A,1\r\nb.py,{pip_hash(b'b')},1\n".encode()
+
+
+def test_bytes_that_are_not_utf8_and_a_missing_last_newline_survive() -> None:
+    odd = b"caf\xe9.py,sha256=A,1\nz.py,sha256=Z,1"
+    assert updated_record(odd, {"m.py": b"m"}) == (
+        b"caf\xe9.py,sha256=A,1\n" + f"m.py,{pip_hash(b'm')},1\n".encode() + b"z.py,sha256=Z,1\n")
