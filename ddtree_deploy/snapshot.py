@@ -204,9 +204,10 @@ def restore(t: Transport, snapshot_id: str | None = None) -> RestoreResult:
                          closed_journal=data["closed_journal"] is not None)
 
 
-def verify(t: Transport, *, deep: bool = False) -> DriftReport:
-    """Compare installed files with the deployed state, file by file (`deep` re-hashes every file)."""
-    data = t.call("verify", {"deep": deep})
+def verify(t: Transport, *, deep: bool = False, overlay_only: bool = False) -> DriftReport:
+    """Compare installed files with the deployed state, file by file (`deep` re-hashes every file;
+    `overlay_only` checks just the deployed overlay's own files, without walking the package)."""
+    data = t.call("verify", {"deep": deep, "overlay_only": overlay_only})
     return DriftReport(host=t.host.name, baseline=data["baseline"], overlay=data["overlay"], clean=data["clean"],
                        checked=data["checked"], files=[DriftEntry.model_validate(d) for d in data["files"]],
                        journal_open=data["journal"] is not None)

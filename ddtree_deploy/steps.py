@@ -68,6 +68,9 @@ def host_status(transport: Transport) -> HostStatus:
     if lock:
         notes.append("lock expired" if lock.get("expired") else f"locked since {lock.get('started')}")
     overlay = f"{deployed['overlay']}@{deployed['version']}" if deployed.get("overlay") else None
+    drifted = _overlay_drift_note(transport, overlay) if overlay and not state.get("journal") else None
+    if drifted:
+        notes.append(drifted)
     server = _server_health(transport)
     return HostStatus(
         host=transport.host.name, python=fp.python_version, package_root=str(state.get("package_root")),
@@ -75,8 +78,18 @@ def host_status(transport: Transport) -> HostStatus:
         snapshot=deployed.get("snapshot"), launch_args=list((state.get("launch") or {}).get("argv") or []),
         lock=lock.get("owner") if lock else None, journal_open=bool(state.get("journal")), notes=notes, server=server,
         needs_attention=bool(state.get("journal")) or bool(lock and not lock.get("expired"))
-        or server.startswith("unhealthy"),
+        or server.startswith("unhealthy") or bool(drifted),
     )
+
+
+def _overlay_drift_note(transport: Transport, overlay: str) -> str | None:
+    """A note when the deployed overlay's own files are no longer what it wrote (say pip reinstalled sglang)."""
+    drift = snapshot_ops.verify(transport, overlay_only=True)
+    if drift.clean:
+        return None
+    first = drift.files[0]
+    return (f"{len(drift.files)} of {overlay}'s {drift.checked} files changed since the push "
+            f"({first.path} {first.kind}); `ddtree-deploy diff --host {transport.host.name}` lists them")
 
 
 def _server_health(transport: Transport) -> str:

@@ -184,19 +184,34 @@ def scan(
     """
     files: Dict[str, Entry] = {}
     dirs: Dict[str, int] = {}
+    prefix = len(ctx.package_root) + 1
+
+    def sha_of(full: str, st: os.stat_result) -> str:
+        rel = full[prefix:]
+        return cache.sha(full, rel, st, force=rel in rehash, read=read)
+
     for rel, st in walk_package(ctx.package_root):
         full = ctx.package_root + "/" + rel
         if st is None:
             dirs[rel.rstrip("/")] = stat.S_IMODE(os.lstat(full).st_mode)
-        elif stat.S_ISLNK(st.st_mode):
-            files[rel] = link_entry(full, st)
-        elif stat.S_ISREG(st.st_mode):
-            files[rel] = {
-                "sha256": cache.sha(full, rel, st, force=rel in rehash, read=read),
-                "mode": stat.S_IMODE(st.st_mode),
-                "size": st.st_size,
-            }
+            continue
+        entry = entry_of(full, st, sha_of)
+        if entry is not None:
+            files[rel] = entry
     return files, dirs
+
+
+def entry_of(full: str, st: os.stat_result, sha_of: Callable[[str, os.stat_result], str]) -> Optional[Entry]:
+    """A file's manifest entry (hash, mode, size; a symlink's target); None for anything else (a socket)."""
+    if stat.S_ISLNK(st.st_mode):
+        return link_entry(full, st)
+    if stat.S_ISREG(st.st_mode):
+        return {"sha256": sha_of(full, st), "mode": stat.S_IMODE(st.st_mode), "size": st.st_size}
+    return None
+
+
+def sha_of_file(full: str, st: os.stat_result) -> str:
+    return hash_file(full)
 
 
 # ---------------------------------------------------------------- manifests, state, journal
@@ -899,9 +914,15 @@ def verify_restored(
 
 
 def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Installed files versus what state.json says should be there (base snapshot + overlay post-images)."""
+    """Installed files versus what state.json says should be there (base snapshot + overlay post-images).
+
+    + deep: re-hash every file; overlay_only: check only the deployed overlay's own files (what
+      `status` asks: a few files, no walk of the package).
+    """
     state = read_json(ctx.path("state.json"))
     journal = read_json(ctx.path("journal.json"))
+    if args.get("overlay_only") and state and state.get("overlay"):
+        return overlay_drift(ctx, state, journal)
     if not state or not state.get("base_snapshot"):
         return {
             "baseline": None,
@@ -934,6 +955,30 @@ def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         "clean": not drift,
         "files": drift,
         "checked": len(current),
+        "journal": journal,
+    }
+
+
+def overlay_drift(ctx: Context, state: Dict[str, Any], journal: Any) -> Dict[str, Any]:
+    """`verify` for the deployed overlay's files alone: each one's post-image against the file now."""
+    expected: Dict[str, Optional[Entry]] = state.get("files") or {}
+    drift = []
+    for rel in sorted(expected):
+        full = checked_path(ctx, rel)
+        try:
+            st: Optional[os.stat_result] = os.lstat(full)
+        except FileNotFoundError:
+            st = None
+        found = entry_of(full, st, sha_of_file) if st is not None else None
+        difference = compare(rel, expected[rel], found)
+        if difference:
+            drift.append(difference)
+    return {
+        "baseline": state.get("base_snapshot"),
+        "overlay": overlay_label(state),
+        "clean": not drift,
+        "files": drift,
+        "checked": len(expected),
         "journal": journal,
     }
 

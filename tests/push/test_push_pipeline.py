@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import pip
 import pytest
+import yaml
+
+from sandbox.hosts import release_wheel
 
 if TYPE_CHECKING:
     from conftest import Fleet
@@ -243,27 +245,47 @@ def test_rollback_is_not_refused_by_a_stack_broken_since_the_push(fleet: Fleet) 
         assert fleet.json("restart", "--host", "ct200")[0] == 0
 
 
-def test_pip_uninstall_of_a_pushed_package_removes_the_overlays_files_too(fleet: Fleet, tmp_path: Path) -> None:
-    """The push lists its created files in pip's RECORD, so real pip (this machine's, run by a venv's python
-    on a copy of the pushed package) leaves no file of sglang/ behind; the host itself is rolled back after."""
+def test_pip_reinstalling_sglang_under_an_overlay_removes_its_files_and_status_explains(
+        fleet: Fleet, tmp_path: Path) -> None:
+    """The push lists its files in pip's RECORD, so real pip (this machine's, run by the host's python)
+    uninstalling sglang leaves none of them behind; `status` then says the overlay's files changed
+    (exit 3) and `rollback` undoes it all."""
+    before = fleet.package_digest()
     code, out = fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")
     assert code == 0 and host_row(out)["result"]["outcome"] == "ok", out
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next(venv.glob("lib/python3*/site-packages"))
-    for top in fleet.package_root.iterdir():
-        if top.name == "sglang" or (top.name.startswith("sglang-") and top.name.endswith(".dist-info")):
-            shutil.copytree(top, site / top.name, symlinks=True)
-    created = [p for p in (site / "sglang" / "srt" / "speculative").glob("ddtree*.py")]
-    assert created, "the overlay created no ddtree module"
-    (tmp_path / "pip-only").mkdir()
-    (tmp_path / "pip-only" / "pip").symlink_to(Path(pip.__file__).parent)
-    uninstall = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-y", "sglang"],
-                               env={**os.environ, "PYTHONPATH": str(tmp_path / "pip-only")},
-                               capture_output=True, text=True, check=False)
-    assert uninstall.returncode == 0, uninstall.stdout + uninstall.stderr
-    left = [p for p in (site / "sglang").rglob("*") if p.is_file() and "__pycache__" not in p.parts] \
-        if (site / "sglang").exists() else []
+    code, out = fleet.json("status", "--host", "ct200")
+    assert code == 0 and host_row(out)["result"]["notes"] == [], out
+
+    speculative = fleet.package_root / "sglang" / "srt" / "speculative"
+    assert list(speculative.glob("ddtree*.py")), "the overlay created no ddtree module"
+    host_pip(fleet, tmp_path, "uninstall", "-y", "sglang")
+    left = [p for p in (fleet.package_root / "sglang").rglob("*") if p.is_file() and "__pycache__" not in p.parts] \
+        if (fleet.package_root / "sglang").exists() else []
     assert left == [], f"pip uninstall left {left[:5]}"
+    host_pip(fleet, tmp_path, "install", "--no-deps", "--no-compile", str(release_wheel()))
+    assert not list(speculative.glob("ddtree*.py"))
+
+    code, out = fleet.json("status", "--host", "ct200")
+    status = host_row(out)["result"]
+    assert code == 3 and status["needs_attention"], out
+    assert any("files changed since the push" in note for note in status["notes"]), status
+    code, out = fleet.json("diff", "--host", "ct200")
+    kinds = {d["path"]: d["kind"] for d in host_row(out)["result"]["files"]}
+    assert kinds["sglang/srt/speculative/ddtree_utils.py"] == "missing", kinds
     code, out = fleet.json("rollback", "--host", "ct200")
     assert code == 0, out
+    assert fleet.package_digest() == before
+    code, out = fleet.json("status", "--host", "ct200")
+    assert code == 0 and host_row(out)["result"]["notes"] == [], out
+
+
+def host_pip(fleet: Fleet, tmp_path: Path, *args: str) -> None:
+    """This machine's pip, run by the host's own python (the host's venv has no pip of its own)."""
+    only_pip = tmp_path / "pip-only"
+    if not only_pip.exists():
+        only_pip.mkdir()
+        (only_pip / "pip").symlink_to(Path(pip.__file__).parent)
+    python = yaml.safe_load(fleet.inventory.read_text())["hosts"]["ct200"]["python"]
+    done = subprocess.run([python, "-m", "pip", *args], env={**os.environ, "PYTHONPATH": str(only_pip)},
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -159,6 +159,13 @@ def test_drift_is_reported_file_by_file(ctx: Context, site: Path, mini: Callable
     assert {d["path"]: d["kind"] for d in report["files"]} == {
         "sglang-0.5.17.dist-info/METADATA": "modified", MINI_UTILS: "missing", "sglang/stray.py": "added",
         "sglang/__init__.py": "mode"}
+    # What `status` asks: the overlay's own files only (METADATA, stray.py and __init__.py are not its files)
+    own = store.verify(ctx, {"overlay_only": True})
+    assert {d["path"]: d["kind"] for d in own["files"]} == {MINI_UTILS: "missing"}
+    assert own["checked"] == len(read_json(ctx.path("state.json"))["files"]) and not own["clean"]
+    os.chmod(site / SERVER_ARGS, 0o600)
+    assert {d["path"]: d["kind"] for d in store.verify(ctx, {"overlay_only": True})["files"]} == {
+        MINI_UTILS: "missing", SERVER_ARGS: "mode"}
 
 
 def test_restore_restores_modes_and_removes_new_folders(ctx: Context, site: Path) -> None:
