@@ -772,7 +772,7 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     pause_point("restore_journal_written")
     temps = stage_restore(ctx, manifest, todo, journal)
     commit_restore(ctx, manifest, todo, temps)
-    verify_restored(ctx, manifest, cache, tuple(todo["write"]))
+    verify_restored(ctx, manifest, cache, (current, dirs), todo)
     forget_bytecode([os.path.join(ctx.package_root, p) for p in paths])
     recorded = manifest.get("state") or {}
     if not recorded.get("overlay"):  # a package without overlay is its own base and rollback target
@@ -891,23 +891,54 @@ def commit_restore(
 
 
 def verify_restored(
-    ctx: Context, manifest: Dict[str, Any], cache: StatCache, rehash: Tuple[str, ...]
+    ctx: Context,
+    manifest: Dict[str, Any],
+    cache: StatCache,
+    scanned: Tuple[Dict[str, Entry], Dict[str, int]],
+    todo: Dict[str, List[str]],
 ) -> None:
-    """Re-hash what was written, compare the whole package to the snapshot; a mismatch keeps the journal."""
+    """Re-read every path the restore touched (written files re-hashed) and check that the package, as this
+    op's scan found it with those paths as they are now, is exactly the snapshot; a mismatch keeps the
+    journal open. The paths it did not touch were compared with the snapshot by that scan a moment ago,
+    so a second walk of the whole package would only read their stats again."""
+    files, dirs = dict(scanned[0]), dict(scanned[1])
+    root = ctx.package_root
     cache.started_ns = time.time_ns()
-    files, dirs = scan(ctx, cache, rehash=rehash)
+    for rel in todo["write"] + [p for p in todo["chmod"] if not p.endswith("/")] + todo["remove"]:
+        full = root + "/" + rel
+        st = lstat_or_none(full)
+        entry = entry_of(full, st, lambda path, now: cache.sha(path, path[len(root) + 1:], now, force=True)) \
+            if st is not None else None
+        if entry is None:
+            files.pop(rel, None)
+            cache.fresh.pop(rel, None)
+        else:
+            files[rel] = entry
+    for folder in todo["mkdir"] + [p[:-1] for p in todo["chmod"] if p.endswith("/")] + todo["rmdir"]:
+        st = lstat_or_none(root + "/" + folder)
+        if st is None:
+            dirs.pop(folder, None)
+        else:
+            dirs[folder] = stat.S_IMODE(st.st_mode)
     cache.save(ctx)
     if files != manifest["files"] or dirs != manifest["dirs"]:
         differ = sorted(
             p for p in set(files) | set(manifest["files"]) if files.get(p) != manifest["files"].get(p)
-        )
+        ) or sorted(d + "/" for d in set(dirs) | set(manifest["dirs"]) if dirs.get(d) != manifest["dirs"].get(d))
         raise HelperFailure(
             "restore_unverified",
-            "after restore, %d files differ from snapshot %s: %s"
+            "after restore, %d paths differ from snapshot %s: %s"
             % (len(differ), manifest["id"], ", ".join(differ[:5])),
             "run rollback again; the journal stays open",
             paths=differ[:50],
         )
+
+
+def lstat_or_none(path: str) -> Optional[os.stat_result]:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
 
 
 # ---------------------------------------------------------------- verify (drift)
@@ -965,10 +996,7 @@ def overlay_drift(ctx: Context, state: Dict[str, Any], journal: Any) -> Dict[str
     drift = []
     for rel in sorted(expected):
         full = checked_path(ctx, rel)
-        try:
-            st: Optional[os.stat_result] = os.lstat(full)
-        except FileNotFoundError:
-            st = None
+        st = lstat_or_none(full)
         found = entry_of(full, st, sha_of_file) if st is not None else None
         difference = compare(rel, expected[rel], found)
         if difference:

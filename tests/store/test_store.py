@@ -381,3 +381,21 @@ def test_prune_refuses_while_a_journal_is_open(ctx: Context, site: Path) -> None
         store.prune(ctx, {"keep": 1})
     assert err.value.code == "journal_open"
     assert len(store.snapshots(ctx, {})["snapshots"]) == 2
+
+
+def test_a_restored_file_changed_before_the_check_keeps_the_journal_open(
+        ctx: Context, site: Path, mini: Callable[[str], Overlay], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The restore re-reads what it wrote: a file that no longer hashes as the snapshot says is reported."""
+    pristine = (site / SERVER_ARGS).read_bytes()
+    push_in_process(ctx, mini("0.1.0"))
+
+    def meddle(point: str) -> None:  # someone writes to server_args.py as soon as it is back
+        if point.startswith("restore_file_written:") and (site / SERVER_ARGS).read_bytes() == pristine:
+            with open(site / SERVER_ARGS, "ab") as f:
+                f.write(b"# edited during the restore\n")
+
+    monkeypatch.setattr(store, "pause_point", meddle)
+    with pytest.raises(HelperFailure) as err:
+        store.restore(ctx, {})
+    assert err.value.code == "restore_unverified" and SERVER_ARGS in err.value.message
+    assert read_json(ctx.path("journal.json"))["op"] == "restore"
