@@ -772,7 +772,8 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     pause_point("restore_journal_written")
     temps = stage_restore(ctx, manifest, todo, journal)
     commit_restore(ctx, manifest, todo, temps)
-    verify_restored(ctx, manifest, cache, (current, dirs), todo)
+    cache.save(ctx)
+    verify_restored(ctx, manifest, (current, dirs), todo)
     forget_bytecode([os.path.join(ctx.package_root, p) for p in paths])
     recorded = manifest.get("state") or {}
     if not recorded.get("overlay"):  # a package without overlay is its own base and rollback target
@@ -893,7 +894,6 @@ def commit_restore(
 def verify_restored(
     ctx: Context,
     manifest: Dict[str, Any],
-    cache: StatCache,
     scanned: Tuple[Dict[str, Entry], Dict[str, int]],
     todo: Dict[str, List[str]],
 ) -> None:
@@ -903,15 +903,10 @@ def verify_restored(
     so a second walk of the whole package would only read their stats again."""
     files, dirs = dict(scanned[0]), dict(scanned[1])
     root = ctx.package_root
-    cache.started_ns = time.time_ns()
     for rel in todo["write"] + [p for p in todo["chmod"] if not p.endswith("/")] + todo["remove"]:
-        full = root + "/" + rel
-        st = lstat_or_none(full)
-        entry = entry_of(full, st, lambda path, now: cache.sha(path, path[len(root) + 1:], now, force=True)) \
-            if st is not None else None
+        entry = path_entry(root + "/" + rel, sha_of_file)
         if entry is None:
             files.pop(rel, None)
-            cache.fresh.pop(rel, None)
         else:
             files[rel] = entry
     for folder in todo["mkdir"] + [p[:-1] for p in todo["chmod"] if p.endswith("/")] + todo["rmdir"]:
@@ -920,7 +915,6 @@ def verify_restored(
             dirs.pop(folder, None)
         else:
             dirs[folder] = stat.S_IMODE(st.st_mode)
-    cache.save(ctx)
     if files != manifest["files"] or dirs != manifest["dirs"]:
         differ = sorted(
             p for p in set(files) | set(manifest["files"]) if files.get(p) != manifest["files"].get(p)
@@ -932,6 +926,12 @@ def verify_restored(
             "run rollback again; the journal stays open",
             paths=differ[:50],
         )
+
+
+def path_entry(full: str, sha_of: Callable[[str, os.stat_result], str]) -> Optional[Entry]:
+    """One path's manifest entry as it is now; None if it is absent (or not a file or symlink)."""
+    st = lstat_or_none(full)
+    return entry_of(full, st, sha_of) if st is not None else None
 
 
 def lstat_or_none(path: str) -> Optional[os.stat_result]:
@@ -950,29 +950,13 @@ def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     + deep: re-hash every file; overlay_only: check only the deployed overlay's own files (what
       `status` asks: a few files, no walk of the package).
     """
-    state = read_json(ctx.path("state.json"))
-    journal = read_json(ctx.path("journal.json"))
-    if args.get("overlay_only") and state and state.get("overlay"):
-        return overlay_drift(ctx, state, journal)
-    if not state or not state.get("base_snapshot"):
-        return {
-            "baseline": None,
-            "overlay": None,
-            "clean": True,
-            "files": [],
-            "checked": 0,
-            "journal": journal,
-        }
-    expected = dict(load_manifest(ctx, state["base_snapshot"])["files"])
-    for rel, post in (state.get("files") or {}).items():
-        if post is None:
-            expected.pop(rel, None)
-        else:
-            expected[rel] = post
-    cache = StatCache(ctx)
-    current, _ = scan(ctx, cache, rehash=tuple(expected) if args.get("deep") else ())
-    if os.path.isdir(ctx.path("snapshots")):
-        cache.save(ctx)
+    state = read_json(ctx.path("state.json")) or {}
+    if not state.get("base_snapshot"):
+        state = {}  # nothing was ever deployed or restored: nothing to compare against
+    if args.get("overlay_only"):
+        expected, current, checked = compared_overlay(ctx, state)
+    else:
+        expected, current, checked = compared_package(ctx, state, bool(args.get("deep")))
     drift = [
         d
         for d in (
@@ -981,34 +965,44 @@ def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         if d
     ]
     return {
-        "baseline": state["base_snapshot"],
-        "overlay": overlay_label(state),
-        "clean": not drift,
-        "files": drift,
-        "checked": len(current),
-        "journal": journal,
-    }
-
-
-def overlay_drift(ctx: Context, state: Dict[str, Any], journal: Any) -> Dict[str, Any]:
-    """`verify` for the deployed overlay's files alone: each one's post-image against the file now."""
-    expected: Dict[str, Optional[Entry]] = state.get("files") or {}
-    drift = []
-    for rel in sorted(expected):
-        full = checked_path(ctx, rel)
-        st = lstat_or_none(full)
-        found = entry_of(full, st, sha_of_file) if st is not None else None
-        difference = compare(rel, expected[rel], found)
-        if difference:
-            drift.append(difference)
-    return {
         "baseline": state.get("base_snapshot"),
         "overlay": overlay_label(state),
         "clean": not drift,
         "files": drift,
-        "checked": len(expected),
-        "journal": journal,
+        "checked": checked,
+        "journal": read_json(ctx.path("journal.json")),
     }
+
+
+Compared = Tuple[Dict[str, Optional[Entry]], Dict[str, Entry], int]  # expected, found, how many paths were read
+
+
+def compared_package(ctx: Context, state: Dict[str, Any], deep: bool) -> Compared:
+    """Every file of the package, against the base snapshot with the overlay's post-images over it."""
+    if not state:
+        return {}, {}, 0
+    expected: Dict[str, Optional[Entry]] = dict(load_manifest(ctx, state["base_snapshot"])["files"])
+    for rel, post in (state.get("files") or {}).items():
+        if post is None:
+            expected.pop(rel, None)
+        else:
+            expected[rel] = post
+    cache = StatCache(ctx)
+    current, _ = scan(ctx, cache, rehash=tuple(expected) if deep else ())
+    if os.path.isdir(ctx.path("snapshots")):
+        cache.save(ctx)
+    return expected, current, len(current)
+
+
+def compared_overlay(ctx: Context, state: Dict[str, Any]) -> Compared:
+    """The deployed overlay's own files alone (none when nothing is deployed), each re-hashed."""
+    expected: Dict[str, Optional[Entry]] = (state.get("files") or {}) if state.get("overlay") else {}
+    current = {}
+    for rel in expected:
+        found = path_entry(checked_path(ctx, rel), sha_of_file)
+        if found is not None:
+            current[rel] = found
+    return expected, current, len(expected)
 
 
 def compare(rel: str, want: Optional[Entry], have: Optional[Entry]) -> Optional[Dict[str, Any]]:
