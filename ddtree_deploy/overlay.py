@@ -446,6 +446,12 @@ def _diff_one(change: FileChange) -> str:
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
+def facts_needed(overlay: Overlay, base_version: str, deployed_paths: Iterable[str] = (),
+                 artifacts_folder: str | None = None) -> list[str]:
+    """Every path `plan` needs the host's facts (and contents) of: the overlay's, the deployed one's, pip's RECORD."""
+    return sorted({*overlay.touched(base_version, artifacts_folder), *deployed_paths, record_path(base_version)})
+
+
 def plan(overlay: Overlay, base_version: str, host_files: dict[str, HostFile], *,
          artifacts_folder: str | None = None, deployed_paths: Iterable[str] = (), base_snapshot: str | None = None,
          host: str | None = None) -> Plan:
@@ -455,9 +461,9 @@ def plan(overlay: Overlay, base_version: str, host_files: dict[str, HostFile], *
         overlay: the loaded overlay.
         base_version: the host's installed sglang release; it must have a patch set.
         host_files: facts for every path in `overlay.touched(...)` and in `deployed_paths`, with
-            contents (`read_host_files` fetches them). When an overlay is deployed, each carries
-            `base`: the file as the deployed overlay's base snapshot recorded it. When they also
-            describe an existing pip RECORD (`record.record_path(base_version)`), the plan rewrites
+            contents (`facts_needed` lists them with pip's RECORD; `read_host_files` fetches them).
+            When an overlay is deployed, each carries `base`: the file as the deployed overlay's base
+            snapshot recorded it. When they also describe an existing pip RECORD, the plan rewrites
             it to list the overlay's files, and the overlay owns it.
         artifacts_folder: the `files-<cuda>/` folder chosen for the host (abi.select_artifacts).
         deployed_paths: paths the deployed overlay owns (state.json `files`); those this overlay

@@ -12,8 +12,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ddtree_deploy.errors import HelperError, UsageError
-from ddtree_deploy.overlay import HostFile, Overlay, Plan, plan
-from ddtree_deploy.record import record_path
+from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, plan
 from ddtree_deploy.transport import Transport
 
 
@@ -169,8 +168,7 @@ def plan_for_host(t: Transport, overlay: Overlay, base_version: str, *, artifact
         deployed = None  # sglang was reinstalled under the overlay: its record no longer describes these files
     base_snapshot = deployed.base_snapshot if deployed and deployed.overlay else None
     owned = sorted(deployed.files) if deployed and deployed.overlay else []
-    paths = sorted({*overlay.touched(base_version, artifacts_folder), *owned, record_path(base_version)})
-    facts = read_host_files(t, paths, snapshot=base_snapshot)
+    facts = read_host_files(t, facts_needed(overlay, base_version, owned, artifacts_folder), snapshot=base_snapshot)
     return plan(overlay, base_version, facts, artifacts_folder=artifacts_folder, deployed_paths=owned,
                 base_snapshot=base_snapshot, host=t.host.name)
 

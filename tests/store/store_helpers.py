@@ -23,8 +23,7 @@ import pytest
 from ddtree_deploy.hostside import objects, store
 from ddtree_deploy.hostside.common import Context, read_json
 from ddtree_deploy.inventory import HostSpec
-from ddtree_deploy.overlay import HostFile, Overlay, Plan, plan
-from ddtree_deploy.record import record_path
+from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, plan
 from ddtree_deploy.transport import LocalTransport
 
 OVERLAYS = Path(__file__).parent / "overlays"
@@ -131,7 +130,7 @@ def plan_in_process(ctx: Context, overlay: Overlay, base: str = "0.5.17") -> Pla
     deployed = read_json(ctx.path("state.json")) or {}
     owned = sorted(deployed.get("files") or {}) if deployed.get("overlay") else []
     base_snapshot = deployed.get("base_snapshot") if deployed.get("overlay") else None
-    paths = sorted({*overlay.touched(base), *owned, record_path(base)})
+    paths = facts_needed(overlay, base, owned)
     answer = store.read_files(ctx, {"paths": paths, "want_content": paths, "snapshot": base_snapshot})
     facts = {p: HostFile.from_helper(f) for p, f in answer["files"].items()}
     return plan(overlay, base, facts, deployed_paths=owned, base_snapshot=base_snapshot, host="sbx")
