@@ -8,9 +8,9 @@ importing waits for it, up to STARTING_WAIT_S). Later commands connect to its un
 their argv, environment, working folder, umask and stdio descriptors; the server forks a child that
 runs the command exactly as the CLI process would, with those descriptors as its stdin/stdout/stderr.
 The client relays SIGINT, SIGTERM, SIGHUP and SIGQUIT to the child's process group and exits with
-the child's status; Ctrl-Z stops the child's group with the client, and `fg`/`bg` resume both. If the client dies, even by SIGKILL, the server SIGKILLs that process group
-(the child and any local host helper it started): a killed controller stays killed, which is what
-crash safety assumes.
+the child's status; Ctrl-Z stops the child's group with the client, and `fg`/`bg` resume both. If
+the client dies, even by SIGKILL, the server SIGKILLs that process group (the child and any local
+host helper it started): a killed controller stays killed, which is what crash safety assumes.
 
 The socket is keyed by the interpreter, `sys.path` (and the stamps of its folders, which change when a
 package is installed) and the stamps of this package's files, so an edited checkout or an upgrade

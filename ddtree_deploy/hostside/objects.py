@@ -14,8 +14,8 @@ A pack is written under a temp name (a first snapshot streams into it while it s
 to disk as it goes) and fsynced, then its index is written atomically (temp, fsync, rename), then the
 pack is renamed into place and the folder fsynced. A pack counts only when both files exist, so a
 kill at any instant leaves a valid store; an index without its pack, a pack without its index and
-temp files are ignored by readers and removed by `prune`. Every read of an
-object is checked against its sha256 (refused as `object_corrupt`), loose or packed alike.
+temp files are ignored by readers and removed by `prune`. Every read of an object is checked against
+its sha256 (refused as `object_corrupt`), loose or packed alike.
 """
 
 from __future__ import annotations
@@ -485,6 +485,7 @@ class ObjectStore:
             for pack, index, _ in shrink:
                 self.drop_from_pack(pack, [s for s in index if s in used])
             Added(paths=[path for path, _ in loose + leftovers]).undo()
+            self._loose = None  # listed again when next asked
         return objects, freed
 
     def drop_from_pack(self, pack: str, keep: List[str]) -> None:
@@ -497,7 +498,6 @@ class ObjectStore:
 
     def unused_loose(self, used: Set[str]) -> List[Tuple[str, int]]:
         """(path, size) of every loose object whose sha256 is not in `used`."""
-        self._loose = None  # prune removes them
         return [(path, os.path.getsize(path)) for sha, path in self.loose_objects() if sha not in used]
 
     def loose_objects(self) -> Iterator[Tuple[str, str]]:
