@@ -11,10 +11,11 @@ gets its own four, identical, so neither changes what the other finds. In one ru
   service blocks (files only, issue 3's measure) and a fresh state folder.
 * Ansible (ansible-core's `ansible-playbook`, forks 4, pipelining, ControlPersist as shipped, no fact
   gathering, the interpreter set per host): the same job as an expert would write it. Push = `tar`
-  the installed package and its dist-info, `copy` the overlay's new files and pip's RECORD listing them (made on the controller), `patch -p1` its patch set
-  (one command, the diffs on stdin), restart the server (SIGTERM to its process group, SIGKILL after a
-  grace, start detached), `uri` health with retries every 0.25 s. Rollback = remove the package and
-  untar the archive (exact: files the overlay added are gone), restart, health. Files only: no restart.
+  the installed package and its dist-info, `copy` the overlay's new files and pip's RECORD listing
+  them (made on the controller), `patch -p1` its patch set (one command, the diffs on stdin),
+  restart the server (SIGTERM to its process group, SIGKILL after a grace, start detached), `uri`
+  health with retries every 0.25 s. Rollback = remove the package and untar the archive (exact: files
+  the overlay added are gone), restart, health. Files only: no restart.
 
 ddtree_deploy is byte-compiled first, as an installed copy is (Ansible runs from its wheel's bytecode).
 Every run must succeed (exit 0, every host `ok`) and leave the package as expected: every file of
@@ -149,8 +150,8 @@ def warm_compile_cache(entry: dict[str, Any]) -> float:
     return time.monotonic() - started
 
 
-def warm_pushed_tree(bench: Bench, cache: Path) -> float:
-    """Warm the compile cache for the package as the push leaves it, on a scratch copy.
+def warm_pushed_tree(bench: Bench, cache: Path, pushed: dict[str, bytes]) -> float:
+    """Warm the compile cache for the package as the push leaves it (`pushed`), on a scratch copy.
 
     Without this the first server start on the overlay's modules compiles them, on four hosts at
     once: ddtree-deploy's cold push, which runs first, paid ~0.8 s for it and Ansible's found them cached.
@@ -160,12 +161,9 @@ def warm_pushed_tree(bench: Bench, cache: Path) -> float:
     scratch = bench.root / "pushed-tree"
     for part in ["sglang", *(p.name for p in host.package_root.glob("sglang-*.dist-info"))]:
         shutil.copytree(host.package_root / part, scratch / part, symlinks=True)
-    shutil.copytree(bench.ansible_dir / "files", scratch, dirs_exist_ok=True)
-    subprocess.run(
-        ["patch", "-p1", "--forward", "--batch", "--quiet", "-d", str(scratch)],
-        check=True,
-        input=(bench.ansible_dir / "overlay.diff").read_bytes(),
-    )
+    for relative, content in pushed.items():
+        (scratch / relative).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / relative).write_bytes(content)
     subprocess.run(
         [
             str(host.python),
@@ -312,8 +310,9 @@ def why_not_ok(row: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- Ansible
 
 
-def ansible_project(bench: Bench, fleet: Fleet, entries: dict[str, dict[str, Any]]) -> None:
-    """Write ansible.cfg, the inventory, the overlay's patch set as one diff, and the playbooks."""
+def ansible_project(bench: Bench, fleet: Fleet, entries: dict[str, dict[str, Any]], pushed: dict[str, bytes]) -> None:
+    """Write ansible.cfg, the inventory, the role's files (from `pushed`, what the push writes), the overlay's
+    patch set as one diff, and the playbooks."""
     out = bench.ansible_dir
     out.mkdir()
     (out / "ansible.cfg").write_text(f"""\
@@ -344,12 +343,9 @@ control_path_dir = {out / "cp"}
     (out / "hosts.ini").write_text("\n".join(lines) + "\n")
     # the role's files/: the manifest's new files (the overlay folder may hold bytecode caches besides),
     # and pip's RECORD listing them, made on the controller (the hosts' trees are identical)
-    for relative in bench.new_files:
+    for relative in [*bench.new_files, record_path(SGLANG_VERSION)]:
         (out / "files" / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(bench.overlay_dir / "files" / relative, out / "files" / relative)
-    record = out / "files" / record_path(SGLANG_VERSION)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_bytes(pushed_record(bench, next(iter(fleet.hosts.values()))))
+        (out / "files" / relative).write_bytes(pushed[relative])
     patches = bench.overlay_dir / "patches" / SGLANG_VERSION
     (out / "overlay.diff").write_text("".join((patches / f"{p}.diff").read_text() for p in bench.patched))
     for name, tasks in playbooks(bench).items():
@@ -357,8 +353,9 @@ control_path_dir = {out / "cp"}
         (out / f"{name}.yml").write_text(yaml.safe_dump(play, sort_keys=False, width=200))
 
 
-def pushed_record(bench: Bench, host: SandboxHost) -> bytes:
-    """The host's RECORD as the push leaves it: listing the new files, with the patched files' new hashes."""
+def pushed_contents(bench: Bench, host: SandboxHost) -> dict[str, bytes]:
+    """Every file the push writes, as it leaves them on `host`: the new files, the patched ones, and pip's
+    RECORD listing them (made with the function ddtree-deploy's plan uses)."""
     contents = {p: (bench.overlay_dir / "files" / p).read_bytes() for p in bench.new_files}
     for relative in bench.patched:
         diff = bench.overlay_dir / "patches" / SGLANG_VERSION / f"{relative}.diff"
@@ -366,7 +363,9 @@ def pushed_record(bench: Bench, host: SandboxHost) -> bytes:
         if patched is None:
             raise SystemExit(f"{diff} does not apply: {conflicts}")
         contents[relative] = patched
-    return updated_record((host.package_root / record_path(SGLANG_VERSION)).read_bytes(), contents)
+    record = record_path(SGLANG_VERSION)
+    contents[record] = updated_record((host.package_root / record).read_bytes(), contents)
+    return contents
 
 
 def playbooks(bench: Bench) -> dict[str, list[dict[str, Any]]]:
@@ -755,9 +754,12 @@ def setup(folder: Path, fleet: Fleet, ansible_fleet: Fleet, overlay: str, say: C
         hosts={DDTREE: fleet.hosts, ANSIBLE: ansible_fleet.hosts},
         ports=ports,
     )
-    ansible_project(bench, ansible_fleet, service_entries(ansible_fleet, ports[ANSIBLE], folder / "compile-cache.json"))
+    pushed = pushed_contents(bench, next(iter(ansible_fleet.hosts.values())))  # the hosts' trees are identical
+    ansible_project(
+        bench, ansible_fleet, service_entries(ansible_fleet, ports[ANSIBLE], folder / "compile-cache.json"), pushed
+    )
     say(
-        f"compile cache warmed for the pushed package too in {warm_pushed_tree(bench, folder / 'compile-cache.json'):.1f}s"
+        f"compile cache warmed for the pushed package too in {warm_pushed_tree(bench, folder / 'compile-cache.json', pushed):.1f}s"
     )
     return bench
 
