@@ -34,6 +34,8 @@ def record(command: str, operator: str, report: BaseModel, **extra: Any) -> None
 
 
 def _outcome(row: dict[str, Any]) -> str:
+    if row.get("skipped"):
+        return "skipped"
     if row.get("error"):
         return f"error: {row['error']['code']}"
     result = row.get("result") or {}

@@ -51,6 +51,7 @@ class ExitCode(enum.IntEnum):
     FAILED = 1  # something failed; hosts were rolled back and are healthy (or a host was unreachable)
     BAD_INPUT = 2  # usage, inventory, overlay or playbook error; nothing was changed
     HOST_NEEDS_ATTENTION = 3  # a host is left unhealthy, locked, or with an open journal
+    INTERRUPTED = 130  # Ctrl-C: each host stopped at a safe point; the report says how it ended
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print only a JSON envelope on stdout.")]

@@ -9,6 +9,7 @@ outcome. `push` and `rollback` are the built-in playbooks under `playbooks/`.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from ddtree_deploy.steps import HostRun, StepOutcome
 from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+INTERRUPTED = "interrupted (Ctrl-C)"
 
 
 class StepCall(BaseModel):
@@ -45,7 +47,7 @@ class PlaybookReport(BaseModel):
 
     playbook: str
     host: str
-    outcome: str  # ok | noop | dry_run | rolled_back | failed | refused
+    outcome: str  # ok | noop | dry_run | rolled_back | failed | refused | interrupted (before any change)
     failed_step: str | None = None
     reason: str = ""
     steps: list[StepOutcome]
@@ -98,12 +100,19 @@ def _step_call(path: Path, section: str, index: int, item: Any) -> StepCall:
     return StepCall(name=name, args=parsed)
 
 
-def play(playbook: Playbook, run: HostRun) -> PlaybookReport:
-    """Play the steps on one host; on failure play `on_failure` (unless `no_rollback`); always unlock."""
+def play(playbook: Playbook, run: HostRun, cancel: threading.Event | None = None) -> PlaybookReport:
+    """Play the steps on one host; on failure play `on_failure` (unless `no_rollback`); always unlock.
+
+    `cancel` (Ctrl-C) is checked between steps, never inside one: once set, the next step fails as
+    "interrupted (Ctrl-C)", so `on_failure` restores a host whose snapshot was taken.
+    """
     done: list[StepOutcome] = []
     try:
         for call in playbook.steps:
-            outcome = _play_step(call, run)
+            if cancel is not None and cancel.is_set():
+                outcome = StepOutcome(step=call.name, status="failed", message=INTERRUPTED, code="interrupted")
+            else:
+                outcome = _play_step(call, run)
             done.append(outcome)
             if outcome.status == "failed":
                 return _failed(playbook, run, done, outcome)
@@ -136,7 +145,7 @@ def _failed(playbook: Playbook, run: HostRun, done: list[StepOutcome], failure: 
                 break
     recovered = bool(recovery) and all(o.status != "failed" for o in recovery)
     if not run.changed:
-        result = "refused"
+        result = "interrupted" if failure.code == "interrupted" else "refused"
     else:
         result = "rolled_back" if recovered else "failed"
     report = _report(playbook, run, done, outcome=result)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, connecting
+from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount, FleetOptions, connecting
 from ddtree_deploy.inventory import load_inventory, select_hosts
 
 
@@ -19,8 +19,9 @@ def play_builtin(
     accept_new_host_key: bool,
     as_json: bool,
     default_all: bool = False,
-    wave_size: int = 0,
-    max_failures: int | None = None,
+    wave_size: Amount = ALL_AT_ONCE,
+    max_failures: Amount | None = None,
+    forks: int = DEFAULT_FORKS,
     overlay: str | None = None,
     **run_options: Any,
 ) -> None:
@@ -32,7 +33,7 @@ def play_builtin(
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=default_all)
         fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key, wave_size=wave_size,
-                                     max_failures=max_failures)
+                                     max_failures=max_failures, forks=forks)
         with connecting(inv, hosts, name, fleet_options) as started:
             # Imported once the hosts are connecting: the steps and their models take longer to import
             # than a connection and a helper take to start, so the two overlap.

@@ -1,4 +1,9 @@
-"""What push, rollback, restart and play share: running a playbook over the fleet and rendering it."""
+"""What push, rollback, restart and play share: running a playbook over the fleet and rendering it.
+
+Ctrl-C while the hosts run stops each at its next safe point (between steps; `on_failure` restores
+those with a snapshot), and the report, the audit line and exit code 130 still follow. A second
+Ctrl-C changes nothing: a step is never cut short (see `fleet.interruptible`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddtree_deploy import history, playbook
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, operator
+from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, interruptible, operator
 from ddtree_deploy.inventory import HostSpec, Inventory
 from ddtree_deploy.overlay import Overlay
 from ddtree_deploy.playbook import Playbook, PlaybookReport
@@ -20,10 +25,13 @@ if TYPE_CHECKING:
 #: playbook outcome -> exit code (the worst host decides)
 OUTCOME_EXIT = {
     "ok": out.ExitCode.OK, "noop": out.ExitCode.OK, "dry_run": out.ExitCode.OK,
-    "refused": out.ExitCode.FAILED, "rolled_back": out.ExitCode.FAILED, "failed": out.ExitCode.HOST_NEEDS_ATTENTION,
+    "refused": out.ExitCode.FAILED, "rolled_back": out.ExitCode.FAILED, "interrupted": out.ExitCode.FAILED,
+    "failed": out.ExitCode.HOST_NEEDS_ATTENTION,
 }
 _STYLE = {"ok": "green", "noop": "green", "dry_run": "cyan", "refused": "yellow", "rolled_back": "yellow",
-          "failed": "bold red"}
+          "interrupted": "yellow", "failed": "bold red"}
+#: outcomes that count against `--max-failures`
+FAILED_OUTCOMES = ("refused", "rolled_back", "interrupted", "failed")
 
 
 def run_playbook(
@@ -35,18 +43,38 @@ def run_playbook(
     `started`: transports already connecting (`fleet.connecting`), used instead of new ones.
     """
     progress = _Progress(enabled=not as_json)
+    # The audit line is written inside: a Ctrl-C after the hosts finished must not lose it.
+    with interruptible(None if as_json else _interrupt_notice) as cancel:
 
-    def work(transport: Transport) -> PlaybookReport:
-        run = HostRun(transport=transport, options=options, overlay=overlay, on_progress=progress.update)
-        return playbook.play(book, run)
+        def work(transport: Transport) -> PlaybookReport:
+            run = HostRun(transport=transport, options=options, overlay=overlay, on_progress=progress.update)
+            return playbook.play(book, run, cancel)
 
-    with progress:
-        report = fan_out(inv, hosts, book.name, work, fleet_options, started)
-    history.record(book.name, operator(book.name), report, overlay=overlay.label if overlay else None)
+        with progress:
+            report = fan_out(inv, hosts, book.name, work, fleet_options, started, failure=_failure, cancel=cancel)
+        extra: dict[str, Any] = {"interrupted": True} if report.interrupted else {}
+        history.record(book.name, operator(book.name), report, overlay=overlay.label if overlay else None, **extra)
     return report
 
 
+def _failure(result: PlaybookReport) -> str | None:
+    """What a host's outcome was if it counts against `--max-failures` ("rolled back"), else None."""
+    return result.outcome.replace("_", " ") if result.outcome in FAILED_OUTCOMES else None
+
+
+def _interrupt_notice(count: int) -> None:
+    if count == 1:
+        out.err_console.print("[yellow]Ctrl-C[/]: every host stops at its next safe point (between steps) and rolls "
+                              "back if its snapshot was taken; the report follows", soft_wrap=True)
+    else:
+        out.err_console.print("[yellow]Ctrl-C again[/]: still stopping safely (a step is never cut short); Ctrl-\\ "
+                              "quits at once and leaves an open transaction to `ddtree-deploy rollback`",
+                              soft_wrap=True)
+
+
 def exit_code(report: FleetReport[PlaybookReport]) -> out.ExitCode:
+    if report.interrupted:
+        return out.ExitCode.INTERRUPTED  # the report says how each host ended
     codes = [out.ExitCode.OK]
     for row in report.hosts:
         if row.result is not None:
@@ -69,8 +97,12 @@ def _row_code(result: PlaybookReport) -> out.ExitCode:
 def render(report: FleetReport[PlaybookReport]) -> None:
     """One block per host: the outcome, each step, then the recovery steps if a rollback ran."""
     for row in report.hosts:
+        if row.skipped:
+            out.console.print(f"[bold]{row.host}[/]: [yellow]skipped[/] ({row.skip_reason or 'not started'})",
+                              soft_wrap=True)
+            continue
         if row.result is None:
-            message = row.error.message if row.error else "skipped (earlier wave failed)"
+            message = row.error.message if row.error else "no result"
             out.console.print(f"[bold]{row.host}[/]: [red]{message}[/]")
             if row.error and row.error.hint:
                 out.console.print(f"  [dim]hint:[/] {row.error.hint}")

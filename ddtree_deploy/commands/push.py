@@ -8,15 +8,20 @@ import typer
 
 from ddtree_deploy import output as out
 from ddtree_deploy.commands._builtin import play_builtin
+from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount
 
 OverlayOption = Annotated[str, typer.Option("--overlay", "-o", help="NAME[@VERSION]; default: newest version.")]
 OverlaysDirOption = Annotated[
     str | None, typer.Option("--overlays", envvar="DDTREE_OVERLAYS", help="Overlays folder (default ./overlays).")
 ]
-WaveOption = Annotated[int, typer.Option("--wave-size", help="Hosts per wave (0: all at once).")]
-MaxFailOption = Annotated[
-    int | None, typer.Option("--max-failures", help="Start no further wave once more hosts than this failed.")
-]
+WaveOption = Annotated[Amount, typer.Option(
+    "--wave-size", parser=Amount.parse, metavar="N|N%",
+    help="Hosts per wave, or a percentage of the selected hosts (rounded down, at least 1); 0: all at once.")]
+MaxFailOption = Annotated[Amount | None, typer.Option(
+    "--max-failures", parser=Amount.parse, metavar="N|N%",
+    help="Start no further wave once more than N hosts failed (refused, rolled back, failed, unreachable), "
+         "or more than N% of the wave just finished.")]
+ForksOption = Annotated[int, typer.Option("--forks", min=1, metavar="N", help="Hosts at once within a wave.")]
 
 
 def push(
@@ -28,13 +33,17 @@ def push(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan as a diff; change nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Push over drifted files.")] = False,
     no_rollback: Annotated[bool, typer.Option("--no-rollback", help="On failure, leave the host as it failed.")] = False,
-    wave_size: WaveOption = 0,
+    wave_size: WaveOption = ALL_AT_ONCE,
     max_failures: MaxFailOption = None,
+    forks: ForksOption = DEFAULT_FORKS,
     inventory: out.InventoryOption = None,
     accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Deploy an overlay to the selected hosts, in parallel; any failure after the snapshot rolls back.
+
+    A canary is `--wave-size 1 --max-failures 0`; Ctrl-C stops every host at its next safe point,
+    rolls back where a snapshot was taken, prints the report and exits 130.
 
     Exit codes: 0 applied (or already applied, or dry run); 1 refused before any change, or failed
     and rolled back with the host healthy; 2 bad input; 3 a host is left unhealthy, locked or with an
@@ -42,5 +51,5 @@ def push(
     """
     play_builtin("push", host=host, group=group, all_hosts=all_hosts, inventory=inventory,
                  accept_new_host_key=accept_new_host_key, as_json=as_json, wave_size=wave_size,
-                 max_failures=max_failures, overlay=overlay, overlays_dir=overlays, dry_run=dry_run, force=force,
+                 max_failures=max_failures, forks=forks, overlay=overlay, overlays_dir=overlays, dry_run=dry_run, force=force,
                  no_rollback=no_rollback)
