@@ -31,10 +31,13 @@ class Fleet:
     overlays: Path
     env: dict[str, str]
 
+    def host_spec(self, host: str = "ct200") -> dict[str, object]:
+        spec: dict[str, object] = yaml.safe_load(self.inventory.read_text())["hosts"][host]
+        return spec
+
     @property
     def package_root(self) -> Path:
-        spec = yaml.safe_load(self.inventory.read_text())["hosts"]["ct200"]
-        return Path(spec["package_root"])
+        return Path(str(self.host_spec()["package_root"]))
 
     def cli(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         env = {**self.env, **(extra_env or {})}
@@ -46,21 +49,28 @@ class Fleet:
         assert proc.stderr == "", proc.stderr
         return proc.returncode, json.loads(proc.stdout)
 
-    def package_digest(self) -> str:
-        """sha256 over every file of sglang/ and its dist-info: path, mode and content (bytecode caches aside)."""
-        h = hashlib.sha256()
-        root = self.package_root
-        for path in package_files(root):
-            h.update(f"{path.relative_to(root)}\0{path.lstat().st_mode}\0".encode())
-            h.update(path.read_bytes())
-        return h.hexdigest()
+    def package_digest(self, host: str = "ct200") -> str:
+        return package_digest(Path(str(self.host_spec(host)["package_root"])))
+
+
+def package_digest(root: Path) -> str:
+    """sha256 over every file of sglang/ and its dist-info: path, mode and content (bytecode caches aside)."""
+    h = hashlib.sha256()
+    for path in package_files(root):
+        h.update(f"{path.relative_to(root)}\0{path.lstat().st_mode}\0".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    root = tmp_path_factory.mktemp("fleet")
-    inventory = build_fleet(root, names=("ct200",))
-    _set_ready_timeout(inventory, 4.0)
+    yield from started_fleet(tmp_path_factory.mktemp("fleet"), ("ct200",), ready_timeout_s=4.0)
+
+
+def started_fleet(root: Path, names: tuple[str, ...], ready_timeout_s: float) -> Iterator[Fleet]:
+    """A sandbox fleet of `names` with this directory's overlays and its servers up; stopped when done."""
+    inventory = build_fleet(root, names=names)
+    _set_ready_timeout(inventory, ready_timeout_s)
     overlays = root / "overlays"
     for source in (HERE / "overlays").iterdir():
         (overlays / source.name).symlink_to(source)

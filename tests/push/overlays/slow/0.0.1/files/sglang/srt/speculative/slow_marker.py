@@ -1,0 +1,1 @@
+"""Marker module of the `slow` test overlay: nothing imports it."""
