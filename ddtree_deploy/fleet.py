@@ -101,7 +101,7 @@ class Amount(BaseModel):
         message alone, not prefixed with "Value error, ".
         """
         number = text.strip().removesuffix("%")
-        if not number.isdigit():
+        if not (number.isascii() and number.isdigit()):
             raise PydanticCustomError("amount", f"{text!r}: give a number of hosts (3) or a whole percentage (25%)")
         value, percent = int(number), text.strip().endswith("%")
         if percent and value > 100:

@@ -170,7 +170,7 @@ def test_a_failure_count_adds_up_over_the_waves(tmp_path: Path) -> None:
     assert report.hosts[2].skip_reason == "not started: wave 2 exceeded --max-failures 1 (h0 rolled back, h1 rolled back)"
 
 
-@pytest.mark.parametrize("text", ["x", "-1", "150%", "2.5", "%", ""])
+@pytest.mark.parametrize("text", ["x", "-1", "150%", "2.5", "%", "", "²"])
 def test_amounts_are_whole_host_counts_or_percentages(text: str) -> None:
     with pytest.raises(ValueError, match="percentage"):
         Amount.parse(text)
