@@ -215,12 +215,13 @@ def test_cancel_starts_no_further_host_or_wave_and_marks_the_report(tmp_path: Pa
 
 def test_ctrl_c_in_the_block_sets_the_flag_and_raises_nothing_then_the_old_handler_is_back() -> None:
     heard: list[int] = []
+    before = signal.getsignal(signal.SIGINT)
     with interruptible(heard.append) as cancel:
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
         assert cancel.wait(5)
     assert heard == [1, 2]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_processes_the_hosts_start_never_take_sigint(tmp_path: Path) -> None:
