@@ -1,8 +1,7 @@
 """The fleet as inventory.yaml describes it: pydantic models, loading, and host selection.
 
-Precedence, lowest first, in one place (`_merge_host`): model defaults, the file's `defaults:`
-block, the host's own keys. The inventory path comes from `--inventory`, else `DDTREE_INVENTORY`,
-else `./inventory.yaml`. Nothing here opens a connection.
+The precedence of host keys is written once, in `merge_host_layers`. The inventory path comes from
+`--inventory`, else `DDTREE_INVENTORY`, else `./inventory.yaml`. Nothing here opens a connection.
 """
 
 from __future__ import annotations
@@ -10,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -169,14 +169,61 @@ def _mapping(value: Any, path: Path, where: str) -> dict[str, Any]:
 
 
 def _host(path: Path, name: str, defaults: dict[str, Any], spec: Any) -> HostSpec:
-    merged = _merge_host(defaults, _mapping(spec or {}, path, f"host {name}"))
+    merged = merge_host_layers([defaults, _mapping(spec or {}, path, f"host {name}")])
     merged["name"] = name
     return _validated(HostSpec, merged, path, f"host {name}", host=name)
 
 
-def _merge_host(defaults: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
-    """The one precedence rule: the host's own keys over the `defaults:` block over model defaults."""
-    return {**defaults, **own}
+def merge_host_layers(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A host's keys from its layers, lowest precedence first: the one written precedence of the inventory.
+
+    Lowest first:
+
+    1. model defaults (the `HostSpec` and service field defaults, filled in by validation);
+    2. group vars: inventory.yaml's `defaults:` block; in an Ansible inventory, as Ansible orders
+       them: the `all` group, then the host's other groups parents before children (ties by
+       `ansible_group_priority`, then name), each group's inventory-file vars before its
+       `group_vars/` files;
+    3. host vars: the host's own keys (Ansible: inventory-file vars, then `host_vars/` files);
+    4. playbook, `DDTREE_DEPLOY_*` variables and command-line flags: none of them sets a host key
+       today (flags choose hosts and overlays, not host keys).
+
+    A higher layer's mapping merges into a lower one key by key, at any depth (a host's
+    `service: {port: 30001}` keeps the default service's command and kind), unless the two name a
+    different `kind` (a systemd service replaces a process one whole). Lists and scalars replace,
+    except the top-level `groups`, which add up: lower layers' groups first, each group once.
+    `null` replaces too (`service: null` drops an inherited service).
+    """
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        groups = merged.get("groups", [])
+        merged = _deep_merge(merged, layer)
+        if "groups" in layer:
+            merged["groups"] = _added(groups, layer["groups"])
+    return merged
+
+
+def _deep_merge(low: Mapping[str, Any], high: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(low)
+    for key, value in high.items():
+        below = out.get(key)
+        if isinstance(below, Mapping) and isinstance(value, Mapping) and _same_kind(below, value):
+            out[key] = _deep_merge(below, value)
+        else:
+            out[key] = value
+    return out
+
+
+def _same_kind(below: Mapping[str, Any], value: Mapping[str, Any]) -> bool:
+    """Mappings merge unless both name a kind and the kinds differ (a systemd unit is no process with a unit)."""
+    return "kind" not in below or "kind" not in value or below["kind"] == value["kind"]
+
+
+def _added(low: Any, high: Any) -> Any:
+    """Groups of a lower layer, then a higher one's new ones; anything but two lists of names is left to validation."""
+    if isinstance(low, list) and isinstance(high, list) and all(isinstance(g, str) for g in [*low, *high]):
+        return list(dict.fromkeys([*low, *high]))
+    return high
 
 
 def _validated(model: type[M], data: dict[str, Any], path: Path, where: str, host: str | None = None) -> M:
