@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from ddtree_deploy import ansible_inventory as ansible
+from ddtree_deploy.ansible_ini import read_ini
 from ddtree_deploy.errors import InventoryError, UsageError
 from ddtree_deploy.probes import ProbeSpec
 from ddtree_deploy.yamlfile import first_problem, read_mapping
@@ -22,6 +24,8 @@ from ddtree_deploy.yamlfile import first_problem, read_mapping
 M = TypeVar("M", bound=BaseModel)
 
 ALIAS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+HOST = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")  # names, IPv4, IPv6 (with a zone): never an ssh option
+USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@$-]*")
 DEFAULT_INVENTORY = "inventory.yaml"
 INVENTORY_ENV = "DDTREE_INVENTORY"
 DEFAULT_FATAL_PATTERNS = [
@@ -71,10 +75,18 @@ ServiceSpec = Annotated[ProcessService | SystemdService, Field(discriminator="ki
 
 
 class HostSpec(_Strict):
-    """One host of the fleet, after defaults are merged in."""
+    """One host of the fleet, after its layers are merged (`merge_host_layers`)."""
 
     name: str
     transport: Literal["ssh", "local"] = "ssh"
+    # Explicit connection fields, as Ansible's ansible_host/_user/_port/_ssh_private_key_file set them;
+    # declared before `ssh` so that its check sees them.
+    ssh_host: str | None = Field(default=None, description="address or name to connect to instead of the ssh alias "
+                                 "(ssh_config is matched against it, as ssh does with Ansible's ansible_host)")
+    ssh_user: str | None = Field(default=None, description="login user, over ssh_config's User")
+    ssh_port: int | None = Field(default=None, ge=1, le=65535, description="port, over ssh_config's Port")
+    ssh_key: str | None = Field(default=None, min_length=1,
+                                description="private key file, over ssh_config's IdentityFile (relative to the inventory)")
     ssh: str | None = Field(default=None, validate_default=True,
                             description="ssh_config alias (default: the host's name); never a raw IP")
     python: str = Field(description="the python of the environment that holds sglang")
@@ -87,12 +99,36 @@ class HostSpec(_Strict):
 
     @property
     def ssh_alias(self) -> str:
-        return self.ssh or self.name
+        """What ssh is given as the destination: `ssh_host`, else the ssh_config alias, else the name."""
+        return self.ssh_host or self.ssh or self.name
+
+    def ssh_options(self) -> list[str]:
+        """The explicit connection fields as OpenSSH `-o` words: they win over ssh_config (`ssh -G` honours them too)."""
+        settings = {"User": self.ssh_user, "Port": self.ssh_port, "IdentityFile": self.ssh_key}
+        return [word for key, value in settings.items() if value is not None for word in ("-o", f"{key}={value}")]
+
+    @field_validator("ssh_host", mode="after")
+    @classmethod
+    def _host_is_a_host(cls, value: str | None) -> str | None:
+        if value is not None and not HOST.fullmatch(value):
+            raise ValueError(f"ssh_host {value!r}: give a host name or an address (not starting with -)")
+        return value
+
+    @field_validator("ssh_user", mode="after")
+    @classmethod
+    def _user_is_a_user(cls, value: str | None) -> str | None:
+        if value is not None and not USER.fullmatch(value):
+            raise ValueError(f"ssh_user {value!r}: give a login name (letters, digits, . _ - @ $, not starting with -)")
+        return value
 
     @field_validator("ssh", mode="after")
     @classmethod
     def _alias_is_an_alias(cls, value: str | None, info: ValidationInfo) -> str | None:
         """An ssh_config alias (the host's name by default), not an address, never read by `ssh` as an option."""
+        if info.data.get("ssh_host"):
+            if value:
+                raise ValueError("give ssh (an ssh_config alias) or ssh_host (an address or name), not both")
+            return value
         alias = value or str(info.data.get("name", ""))
         if info.data.get("transport", "ssh") == "ssh":
             if not ALIAS.fullmatch(alias):
@@ -135,6 +171,8 @@ class Inventory(_Strict):
 
 
 _TOP_KEYS = {"ssh", "defaults", "hosts"}
+_ANSIBLE_HINT = ("our keys go under the ddtree_deploy variable (python: ansible_python_interpreter), "
+                 "see the Ansible inventory section of README.md")
 
 
 def inventory_path(explicit: str | None) -> Path:
@@ -142,10 +180,18 @@ def inventory_path(explicit: str | None) -> Path:
 
 
 def load_inventory(explicit: str | None = None) -> Inventory:
-    """Read and validate the inventory; every error names the file, the host and the field."""
+    """Read and validate the inventory (ours, or an Ansible one); every error names the file, the host and the field.
+
+    A file named other than .yaml/.yml/.json is an Ansible INI inventory, and a YAML one without
+    our top-level keys is an Ansible YAML inventory, as Ansible itself tells them apart.
+    """
     path = inventory_path(explicit)
+    if path.suffix not in ansible.YAML_SUFFIXES:
+        return _from_ansible(path, read_ini(path))
     raw = read_mapping(path, InventoryError, what="inventory",
                        read_hint=f"pass --inventory PATH or set {INVENTORY_ENV}")
+    if ansible.is_ansible_yaml(raw):
+        return _from_ansible(path, ansible.read_yaml(path, raw))
     unknown = set(raw) - _TOP_KEYS
     if unknown:
         raise InventoryError(
@@ -156,7 +202,9 @@ def load_inventory(explicit: str | None = None) -> Inventory:
     hosts_raw = _mapping(raw.get("hosts") or {}, path, "hosts")
     if not hosts_raw:
         raise InventoryError(f"{path}: no hosts defined", hint="add a 'hosts:' mapping of name -> settings")
-    hosts = {name: _host(path, str(name), defaults, spec) for name, spec in hosts_raw.items()}
+    hosts = {str(name): _host(path, str(name), [ansible.Layer("defaults", defaults),
+                                                 ansible.Layer(f"hosts.{name}", _mapping(spec or {}, path, f"host {name}"))])
+             for name, spec in hosts_raw.items()}
     ssh = _validated(SshSettings, _mapping(raw.get("ssh") or {}, path, "ssh"), path, "ssh")
     return Inventory(path=path, ssh=_resolve_ssh_paths(ssh, path.parent), hosts=hosts)
 
@@ -168,10 +216,22 @@ def _mapping(value: Any, path: Path, where: str) -> dict[str, Any]:
     return value
 
 
-def _host(path: Path, name: str, defaults: dict[str, Any], spec: Any) -> HostSpec:
-    merged = merge_host_layers([defaults, _mapping(spec or {}, path, f"host {name}")])
+def _from_ansible(path: Path, parsed: ansible.AnsibleInventory) -> Inventory:
+    if not parsed.hosts:
+        raise InventoryError(f"{path}: no hosts defined", hint="add hosts under a [group] section, or under all: hosts:")
+    hosts = {name: _host(path, name, host.layers, hint=_ANSIBLE_HINT) for name, host in parsed.hosts.items()}
+    for layer in parsed.ssh:
+        _mapping(layer.values, Path(layer.source), ansible.SSH_VAR)
+    ssh = _validated(SshSettings, merge_host_layers([layer.values for layer in parsed.ssh]), path, ansible.SSH_VAR,
+                     layers=parsed.ssh, hint=_ANSIBLE_HINT)
+    return Inventory(path=path, ssh=_resolve_ssh_paths(ssh, path.parent), hosts=hosts)
+
+
+def _host(path: Path, name: str, layers: Sequence[ansible.Layer], hint: str = "") -> HostSpec:
+    merged = merge_host_layers([layer.values for layer in layers])
     merged["name"] = name
-    return _validated(HostSpec, merged, path, f"host {name}", host=name)
+    spec = _validated(HostSpec, merged, path, f"host {name}", host=name, layers=layers, hint=hint)
+    return spec.model_copy(update={"ssh_key": _beside(spec.ssh_key, path.parent)})
 
 
 def merge_host_layers(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -226,23 +286,30 @@ def _added(low: Any, high: Any) -> Any:
     return high
 
 
-def _validated(model: type[M], data: dict[str, Any], path: Path, where: str, host: str | None = None) -> M:
+def _validated(model: type[M], data: dict[str, Any], path: Path, where: str, host: str | None = None,
+               layers: Sequence[ansible.Layer] = (), hint: str = "") -> M:
+    """`model` from `data`; the error names the first bad field, and which of the `layers` merged into `data` set it."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise InventoryError(f"{path}: {where}: {first_problem(exc)}", host=host,
-                             hint="fix that field in the inventory; unknown keys are errors") from None
+        key = next(iter(exc.errors()[0]["loc"]), None)
+        set_in = [layer.source for layer in layers if key in layer.values]
+        where_set = f" (set in {', '.join(set_in)})" if set_in else ""
+        raise InventoryError(f"{path}: {where}: {first_problem(exc)}{where_set}", host=host,
+                             hint=hint or "fix that field in the inventory; unknown keys are errors") from None
 
 
 def _resolve_ssh_paths(ssh: SshSettings, base: Path) -> SshSettings:
     """Relative ssh file paths are relative to the inventory file, like Ansible's inventory-relative paths."""
-    def resolve(p: str | None) -> str | None:
-        if p is None:
-            return None
-        expanded = Path(os.path.expanduser(p))
-        return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
+    return ssh.model_copy(update={"config": _beside(ssh.config, base), "known_hosts": _beside(ssh.known_hosts, base)})
 
-    return ssh.model_copy(update={"config": resolve(ssh.config), "known_hosts": resolve(ssh.known_hosts)})
+
+def _beside(p: str | None, base: Path) -> str | None:
+    """A path as written in the inventory: `~` expanded, relative ones relative to the inventory's folder."""
+    if p is None:
+        return None
+    expanded = Path(os.path.expanduser(p))
+    return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
 
 
 def select_hosts(

@@ -282,7 +282,7 @@ class SSHTransport(Transport):
         folder = private_folder("ssh")
         if folder is None:
             return None
-        key = json.dumps([self.host.ssh_alias, self.ssh.config, self._known_hosts(), os.getuid()])
+        key = json.dumps([self.host.ssh_alias, *self.host.ssh_options(), self.ssh.config, self._known_hosts(), os.getuid()])
         return str(folder / f"cm-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
 
     def _known_hosts(self) -> str:
@@ -292,7 +292,8 @@ class SSHTransport(Transport):
         config = ["-F", self.ssh.config] if self.ssh.config else []
         return [*config, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                 "-o", f"UserKnownHostsFile={self._known_hosts()}", "-o", "HashKnownHosts=no",
-                "-o", f"ConnectTimeout={max(1, round(self.ssh.connect_timeout_s))}", "-o", f"ControlPath={socket_path}"]
+                "-o", f"ConnectTimeout={max(1, round(self.ssh.connect_timeout_s))}", "-o", f"ControlPath={socket_path}",
+                *self.host.ssh_options()]
 
     def _start_muxed(self, argv: list[str], socket_path: str) -> _Session:
         command = " ".join(shlex.quote(word) for word in argv)
@@ -320,7 +321,10 @@ class SSHTransport(Transport):
         from fabric import Config, Connection  # imported here: a local-only fleet needs no SSH stack
 
         config = Config(runtime_ssh_path=self.ssh.config) if self.ssh.config else Config()
-        conn = Connection(self.host.ssh_alias, config=config, connect_timeout=self.ssh.connect_timeout_s)
+        # The inventory's explicit ssh_user/ssh_port/ssh_key (Ansible's ansible_user & co.) win over ssh_config.
+        conn = Connection(self.host.ssh_alias, user=self.host.ssh_user, port=self.host.ssh_port, config=config,
+                          connect_timeout=self.ssh.connect_timeout_s,
+                          connect_kwargs={"key_filename": [self.host.ssh_key]} if self.host.ssh_key else None)
         known_hosts = self._known_hosts()
         hop: object = conn
         while isinstance(hop, Connection):  # the host, then every ProxyJump gateway: all checked strictly

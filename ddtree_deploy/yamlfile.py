@@ -15,8 +15,9 @@ from ddtree_deploy.errors import DeployError
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def read_mapping(path: Path, error: type[DeployError], *, what: str, read_hint: str) -> dict[str, Any]:
-    """The file's top-level mapping (an empty file is an empty mapping).
+def read_mapping(path: Path, error: type[DeployError], *, what: str, read_hint: str,
+                 loader: Any = _SAFE_LOADER) -> dict[str, Any]:
+    """The file's top-level mapping (an empty file is an empty mapping); `loader` a safe loader with more tags.
 
     Raises:
         error: the file cannot be read, is not YAML (with its line), or is not a mapping.
@@ -26,7 +27,7 @@ def read_mapping(path: Path, error: type[DeployError], *, what: str, read_hint: 
     except OSError as exc:
         raise error(f"{path}: cannot read {what} ({exc.strerror})", hint=read_hint) from None
     try:
-        data = yaml.load(text, Loader=_SAFE_LOADER)
+        data = yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}:" if mark is not None else ""
