@@ -60,7 +60,8 @@ GroupOption = Annotated[list[str] | None, typer.Option("--group", "-g", help="Gr
 AllOption = Annotated[bool, typer.Option("--all", help="Every host of the inventory.")]
 InventoryOption = Annotated[
     str | None,
-    typer.Option("--inventory", "-i", envvar="DDTREE_INVENTORY", help="Inventory file (default ./inventory.yaml)."),
+    typer.Option("--inventory", "-i", envvar="DDTREE_INVENTORY",
+                 help="Inventory: ours (default ./inventory.yaml), or an Ansible one (hosts.ini, or YAML with all:)."),
 ]
 AcceptNewHostKeyOption = Annotated[
     bool, typer.Option("--accept-new-host-key", help="Record host keys never seen before (never a changed one).")
