@@ -1,7 +1,7 @@
-"""Ansible inventories read as ours: groups, hosts and variables, the YAML form, and the `group_vars/` and
-`host_vars/` folders beside the file (ansible_ini.py reads the INI form into the same `Tree`).
+"""Ansible inventories read as ours: groups, hosts and variables (a `Tree`, which ansible_formats.py fills
+from the INI or YAML file), the `group_vars/` and `host_vars/` folders beside the file, and precedence.
 
-All is read as Ansible's `yaml` and `host_group_vars` plugins read it. Each host comes back with its
+All is read as Ansible's inventory and `host_group_vars` plugins read it. Each host comes back with its
 variable layers in Ansible's order (which `inventory.merge_host_layers` documents), translated into
 our host keys: `ansible_host`, `_user`, `_port`, `_ssh_private_key_file`, `_python_interpreter` and
 `_connection` become `ssh_host`, `ssh_user`, `ssh_port`, `ssh_key`, `python` and `transport`; the
@@ -26,9 +26,8 @@ from ddtree_deploy.yamlfile import read_mapping
 
 OUR_VAR = "ddtree_deploy"
 SSH_VAR = "ddtree_deploy_ssh"
-#: Ansible reads these as YAML (any other name is INI), and looks for vars files with them in this order
-YAML_SUFFIXES = (".yml", ".yaml", ".json")
-_GROUP_KEYS = ("hosts", "children", "vars")
+#: the names Ansible gives vars files, in the order it looks for them
+_VARS_SUFFIXES = (".yml", ".yaml", ".json")
 #: older names first, so that the newer one wins where a layer sets both
 _CONNECTION_VARS = {
     "ansible_ssh_host": "ssh_host", "ansible_host": "ssh_host",
@@ -113,59 +112,6 @@ class Tree:
         if group == "all" and SSH_VAR in layer.values:
             self.ssh.append(Layer(layer.source, layer.values[SSH_VAR]))
         (self.groups[group].files if file else self.groups[group].vars).append(_translated(layer, group=group))
-
-
-def is_ansible_yaml(data: dict[str, Any]) -> bool:
-    """Whether a YAML inventory is Ansible's: top-level groups (`all:` with `hosts:`/`children:`), none of our keys."""
-    return bool(data) and not {"hosts", "defaults", "ssh"} & set(data)
-
-
-def read_yaml(path: Path, data: dict[str, Any]) -> AnsibleInventory:
-    """An Ansible YAML inventory (`data`, already read from `path`) and its vars folders.
-
-    Raises:
-        InventoryError: naming the file, the group or host, and the key.
-    """
-    tree = Tree(path)
-    for name, body in data.items():
-        _yaml_group(tree, str(name), body)
-    return resolve(tree)
-
-
-def _yaml_group(tree: Tree, name: str, body: Any) -> None:
-    where = f"{tree.path}: group {name}"
-    tree.add_group(name)
-    sections = _sections(body, where)
-    if sections["vars"]:
-        tree.add_vars(name, Layer(f"{where} vars", sections["vars"]))
-    for pattern, variables in sections["hosts"].items():
-        host_where = f"{tree.path}: host {pattern}"
-        if variables is not None and not isinstance(variables, dict):
-            raise InventoryError(f"{host_where}: variables must be a mapping, got {type(variables).__name__}",
-                                 hint="write `name:` alone, or `name: {var: value}`")
-        tree.add_hosts(name, str(pattern), variables or {}, host_where)
-    for child, child_body in sections["children"].items():
-        _yaml_group(tree, str(child), child_body)
-        tree.add_child(name, str(child))
-
-
-def _sections(body: Any, where: str) -> dict[str, dict[str, Any]]:
-    """A YAML group's hosts, children and vars (each a mapping; a lone name stands for `{name: null}`)."""
-    if body is None:
-        body = {}
-    if not isinstance(body, dict):
-        raise InventoryError(f"{where}: must be a mapping of hosts, children and vars, got {type(body).__name__}",
-                             hint=HINT)
-    unknown = sorted(set(body) - set(_GROUP_KEYS))
-    if unknown:
-        raise InventoryError(f"{where}: unknown key {unknown[0]!r}", hint="an Ansible group has hosts, children and vars")
-    out: dict[str, dict[str, Any]] = {}
-    for key in _GROUP_KEYS:
-        value = body.get(key) or {}
-        out[key] = {value: None} if isinstance(value, str) and key != "vars" else value
-        if not isinstance(out[key], dict):
-            raise InventoryError(f"{where}: {key} must be a mapping, got {type(value).__name__}", hint=HINT)
-    return out
 
 
 def _expand(pattern: str, where: str) -> tuple[list[str], int | None]:
@@ -284,7 +230,7 @@ def _ancestors(tree: Tree, groups: list[str]) -> set[str]:
 def _vars_files(folder: Path, name: str) -> list[Layer]:
     """`group_vars/<name>` or `host_vars/<name>` as Ansible finds it: the first of `<name>` (a file, or a folder
     whose files are read in sorted order), `<name>.yml`, `<name>.yaml`, `<name>.json`."""
-    for candidate in (folder / name, *(folder / f"{name}{suffix}" for suffix in YAML_SUFFIXES)):
+    for candidate in (folder / name, *(folder / f"{name}{suffix}" for suffix in _VARS_SUFFIXES)):
         if candidate.is_dir():
             return [_vars_file(path) for path in _folder_files(candidate)]
         if candidate.is_file():
@@ -298,7 +244,7 @@ def _folder_files(folder: Path) -> Iterator[Path]:
             continue
         if entry.is_dir():
             yield from _folder_files(entry)
-        elif entry.suffix in ("", *YAML_SUFFIXES):
+        elif entry.suffix in ("", *_VARS_SUFFIXES):
             yield entry
 
 

@@ -1,4 +1,4 @@
-"""The fleet as inventory.yaml describes it: pydantic models, loading, and host selection.
+"""The fleet as inventory.yaml (or an Ansible inventory) describes it: pydantic models, loading, host selection.
 
 The precedence of host keys is written once, in `merge_host_layers`. The inventory path comes from
 `--inventory`, else `DDTREE_INVENTORY`, else `./inventory.yaml`. Nothing here opens a connection.
@@ -11,15 +11,16 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from ddtree_deploy import ansible_inventory as ansible
-from ddtree_deploy.ansible_ini import read_ini
 from ddtree_deploy.errors import InventoryError, UsageError
 from ddtree_deploy.probes import ProbeSpec
 from ddtree_deploy.yamlfile import first_problem, read_mapping
+
+if TYPE_CHECKING:
+    from ddtree_deploy.ansible_inventory import AnsibleInventory
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -27,6 +28,10 @@ ALIAS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 HOST = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")  # names, IPv4, IPv6 (with a zone): never an ssh option
 USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@$-]*")
 DEFAULT_INVENTORY = "inventory.yaml"
+#: Ansible reads files named so as YAML and any other as INI; so do we
+YAML_SUFFIXES = (".yaml", ".yml", ".json")
+#: a layer of host keys and where it was written (a file, with its line, group or host where known)
+Source = tuple[str, Mapping[str, Any]]
 INVENTORY_ENV = "DDTREE_INVENTORY"
 DEFAULT_FATAL_PATTERNS = [
     r"^Traceback \(most recent call last\):",
@@ -186,12 +191,16 @@ def load_inventory(explicit: str | None = None) -> Inventory:
     our top-level keys is an Ansible YAML inventory, as Ansible itself tells them apart.
     """
     path = inventory_path(explicit)
-    if path.suffix not in ansible.YAML_SUFFIXES:
+    if path.suffix not in YAML_SUFFIXES:
+        from ddtree_deploy.ansible_formats import read_ini  # imported here: most fleets need no Ansible reader
+
         return _from_ansible(path, read_ini(path))
     raw = read_mapping(path, InventoryError, what="inventory",
                        read_hint=f"pass --inventory PATH or set {INVENTORY_ENV}")
-    if ansible.is_ansible_yaml(raw):
-        return _from_ansible(path, ansible.read_yaml(path, raw))
+    if raw and not _TOP_KEYS & set(raw):  # Ansible's shape: top-level groups (all: hosts: children:)
+        from ddtree_deploy.ansible_formats import read_yaml
+
+        return _from_ansible(path, read_yaml(path, raw))
     unknown = set(raw) - _TOP_KEYS
     if unknown:
         raise InventoryError(
@@ -202,9 +211,10 @@ def load_inventory(explicit: str | None = None) -> Inventory:
     hosts_raw = _mapping(raw.get("hosts") or {}, path, "hosts")
     if not hosts_raw:
         raise InventoryError(f"{path}: no hosts defined", hint="add a 'hosts:' mapping of name -> settings")
-    hosts = {str(name): _host(path, str(name), [ansible.Layer("defaults", defaults),
-                                                 ansible.Layer(f"hosts.{name}", _mapping(spec or {}, path, f"host {name}"))])
-             for name, spec in hosts_raw.items()}
+    hosts = {}
+    for name, spec in hosts_raw.items():
+        own = _mapping(spec or {}, path, f"host {name}")
+        hosts[str(name)] = _host(path, str(name), [("defaults", defaults), (f"hosts.{name}", own)])
     ssh = _validated(SshSettings, _mapping(raw.get("ssh") or {}, path, "ssh"), path, "ssh")
     return Inventory(path=path, ssh=_resolve_ssh_paths(ssh, path.parent), hosts=hosts)
 
@@ -216,19 +226,21 @@ def _mapping(value: Any, path: Path, where: str) -> dict[str, Any]:
     return value
 
 
-def _from_ansible(path: Path, parsed: ansible.AnsibleInventory) -> Inventory:
+def _from_ansible(path: Path, parsed: AnsibleInventory) -> Inventory:
+    from ddtree_deploy.ansible_inventory import SSH_VAR
+
     if not parsed.hosts:
         raise InventoryError(f"{path}: no hosts defined", hint="add hosts under a [group] section, or under all: hosts:")
     hosts = {name: _host(path, name, host.layers, hint=_ANSIBLE_HINT) for name, host in parsed.hosts.items()}
     for layer in parsed.ssh:
-        _mapping(layer.values, Path(layer.source), ansible.SSH_VAR)
-    ssh = _validated(SshSettings, merge_host_layers([layer.values for layer in parsed.ssh]), path, ansible.SSH_VAR,
+        _mapping(layer.values, Path(layer.source), SSH_VAR)
+    ssh = _validated(SshSettings, merge_host_layers([layer.values for layer in parsed.ssh]), path, SSH_VAR,
                      layers=parsed.ssh, hint=_ANSIBLE_HINT)
     return Inventory(path=path, ssh=_resolve_ssh_paths(ssh, path.parent), hosts=hosts)
 
 
-def _host(path: Path, name: str, layers: Sequence[ansible.Layer], hint: str = "") -> HostSpec:
-    merged = merge_host_layers([layer.values for layer in layers])
+def _host(path: Path, name: str, layers: Sequence[Source], hint: str = "") -> HostSpec:
+    merged = merge_host_layers([values for _, values in layers])
     merged["name"] = name
     spec = _validated(HostSpec, merged, path, f"host {name}", host=name, layers=layers, hint=hint)
     return spec.model_copy(update={"ssh_key": _beside(spec.ssh_key, path.parent)})
@@ -241,9 +253,9 @@ def merge_host_layers(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     1. model defaults (the `HostSpec` and service field defaults, filled in by validation);
     2. group vars: inventory.yaml's `defaults:` block; in an Ansible inventory, as Ansible orders
-       them: the `all` group, then the host's other groups parents before children (ties by
-       `ansible_group_priority`, then name), each group's inventory-file vars before its
-       `group_vars/` files;
+       them: every group's vars in the inventory file, then every group's `group_vars/` files,
+       each time the `all` group first, then the host's other groups parents before children
+       (ties by `ansible_group_priority`, then name);
     3. host vars: the host's own keys (Ansible: inventory-file vars, then `host_vars/` files);
     4. playbook, `DDTREE_DEPLOY_*` variables and command-line flags: none of them sets a host key
        today (flags choose hosts and overlays, not host keys).
@@ -287,13 +299,13 @@ def _added(low: Any, high: Any) -> Any:
 
 
 def _validated(model: type[M], data: dict[str, Any], path: Path, where: str, host: str | None = None,
-               layers: Sequence[ansible.Layer] = (), hint: str = "") -> M:
+               layers: Sequence[Source] = (), hint: str = "") -> M:
     """`model` from `data`; the error names the first bad field, and which of the `layers` merged into `data` set it."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         key = next(iter(exc.errors()[0]["loc"]), None)
-        set_in = [layer.source for layer in layers if key in layer.values]
+        set_in = [source for source, values in layers if key in values]
         where_set = f" (set in {', '.join(set_in)})" if set_in else ""
         raise InventoryError(f"{path}: {where}: {first_problem(exc)}{where_set}", host=host,
                              hint=hint or "fix that field in the inventory; unknown keys are errors") from None

@@ -1,9 +1,10 @@
-"""The INI form of an Ansible inventory, read line by line as Ansible's `ini` plugin reads it.
+"""The two forms of an Ansible inventory file, INI and YAML, read into a `Tree` as Ansible's `ini` and
+`yaml` plugins read them.
 
-`[group]` sections list hosts (`name[:port] key=value ...`, values read as Python literals where
-they are ones), `[group:children]` list groups, `[group:vars]` hold one `key=value` a line; hosts
-before any section are `ungrouped`. It is not configparser's INI (host lines are no `key = value`),
-hence this reader. The result goes through the same `Tree` and precedence as the YAML form.
+INI: `[group]` sections list hosts (`name[:port] key=value ...`, values read as Python literals
+where they are ones), `[group:children]` list groups, `[group:vars]` hold one `key=value` a line,
+and hosts before any section are `ungrouped`. It is not configparser's INI (host lines are no
+`key = value`), hence this reader. YAML: groups of `hosts`, `children` and `vars` mappings.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ddtree_deploy.errors import InventoryError
 
 _SECTION = re.compile(r"\[([^:\]\s]+)(?::(\w+))?\]\s*(?:[#;].*)?")
 _GROUP_NAME = re.compile(r"([^:\]\s]+)\s*(?:[#;].*)?")
-_KINDS = ("hosts", "children", "vars")
+_KINDS = ("hosts", "children", "vars")  # of an INI section, and the keys of a YAML group
 
 
 def read_ini(path: Path) -> AnsibleInventory:
@@ -116,3 +117,51 @@ def _literal(text: str) -> Any:
     if isinstance(value, (tuple, set)):
         return list(value)
     return text if isinstance(value, (complex, bytes)) else value
+
+
+def read_yaml(path: Path, data: dict[str, Any]) -> AnsibleInventory:
+    """An Ansible YAML inventory (`data`, already read from `path`) and its vars folders.
+
+    Raises:
+        InventoryError: naming the file, the group or host, and the key.
+    """
+    tree = Tree(path)
+    for name, body in data.items():
+        _yaml_group(tree, str(name), body)
+    return resolve(tree)
+
+
+def _yaml_group(tree: Tree, name: str, body: Any) -> None:
+    where = f"{tree.path}: group {name}"
+    tree.add_group(name)
+    sections = _sections(body, where)
+    if sections["vars"]:
+        tree.add_vars(name, Layer(f"{where} vars", sections["vars"]))
+    for pattern, variables in sections["hosts"].items():
+        host_where = f"{tree.path}: host {pattern}"
+        if variables is not None and not isinstance(variables, dict):
+            raise InventoryError(f"{host_where}: variables must be a mapping, got {type(variables).__name__}",
+                                 hint="write `name:` alone, or `name: {var: value}`")
+        tree.add_hosts(name, str(pattern), variables or {}, host_where)
+    for child, child_body in sections["children"].items():
+        _yaml_group(tree, str(child), child_body)
+        tree.add_child(name, str(child))
+
+
+def _sections(body: Any, where: str) -> dict[str, dict[str, Any]]:
+    """A YAML group's hosts, children and vars (each a mapping; a lone name stands for `{name: null}`)."""
+    if body is None:
+        body = {}
+    if not isinstance(body, dict):
+        raise InventoryError(f"{where}: must be a mapping of hosts, children and vars, got {type(body).__name__}",
+                             hint=HINT)
+    unknown = sorted(set(body) - set(_KINDS))
+    if unknown:
+        raise InventoryError(f"{where}: unknown key {unknown[0]!r}", hint="an Ansible group has hosts, children and vars")
+    out: dict[str, dict[str, Any]] = {}
+    for key in _KINDS:
+        value = body.get(key) or {}
+        out[key] = {value: None} if isinstance(value, str) and key != "vars" else value
+        if not isinstance(out[key], dict):
+            raise InventoryError(f"{where}: {key} must be a mapping, got {type(value).__name__}", hint=HINT)
+    return out
