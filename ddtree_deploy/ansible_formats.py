@@ -30,6 +30,9 @@ def read_ini(path: Path) -> AnsibleInventory:
     Raises:
         InventoryError: naming the file and line (or the vars file) and what to do.
     """
+    if path.suffix == ".toml":
+        raise InventoryError(f"{path}: a TOML inventory is not read", hint="convert it to YAML: "
+                             f"ansible-inventory -i {path} --list --yaml > hosts.yml")
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:

@@ -28,11 +28,11 @@ ALIAS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 HOST = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")  # names, IPv4, IPv6 (with a zone): never an ssh option
 USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@$-]*")
 DEFAULT_INVENTORY = "inventory.yaml"
-#: Ansible reads files named so as YAML and any other as INI; so do we
+INVENTORY_ENV = "DDTREE_INVENTORY"
+#: Ansible reads files named so as YAML (any other as INI, or TOML); so do we (INI, no TOML)
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 #: a layer of host keys and where it was written (a file, with its line, group or host where known)
 Source = tuple[str, Mapping[str, Any]]
-INVENTORY_ENV = "DDTREE_INVENTORY"
 DEFAULT_FATAL_PATTERNS = [
     r"^Traceback \(most recent call last\):",
     r"CUDA error",

@@ -265,6 +265,7 @@ def test_yaml_children_of_children_and_top_level_groups(tmp_path: Path) -> None:
         ({"hosts": "[web]\nh1\n" + PYTHON, "group_vars/all.yml": "ddtree_deploy_ssh: {colour: red}\n"},
          ["ddtree_deploy_ssh: field colour: unknown key", "group_vars/all.yml"]),
         ({"hosts": "# nothing yet\n"}, ["no hosts defined"]),
+        ({"hosts.toml": "[web.hosts.h1]\n"}, ["hosts.toml: a TOML inventory is not read"]),
         ({"hosts.yml": "all:\n  host:\n    h1:\n"}, ["group all: unknown key 'host'"]),
         ({"hosts.yml": "all:\n  children: [web]\n"}, ["group all: children must be a mapping"]),
         ({"hosts.yml": "web: [h1]\n"}, ["group web: must be a mapping"]),
