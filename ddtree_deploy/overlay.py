@@ -283,6 +283,13 @@ class OverlayListing(BaseModel):
     error: str | None = None
 
 
+class OverlayList(BaseModel):
+    """What `overlay list` shows: the folder and its versions."""
+
+    folder: str
+    overlays: list[OverlayListing]
+
+
 def list_overlays(overlays_dir: Path | None = None) -> list[OverlayListing]:
     """Every overlay version under the folder, by name then semver; an invalid one carries its error."""
     folder = overlays_path(None) if overlays_dir is None else overlays_dir
@@ -587,6 +594,13 @@ class OverlayCheck(BaseModel):
     version: str
     ok: bool
     bases: list[BaseCheck]
+
+
+class OverlayCheckReport(BaseModel):
+    """What `overlay check` shows: every version checked, and whether all passed."""
+
+    ok: bool
+    checks: list[OverlayCheck]
 
 
 def cache_dir() -> Path:

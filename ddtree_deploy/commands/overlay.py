@@ -7,44 +7,23 @@ Overlays are read from `--overlays DIR`, else $DDTREE_OVERLAYS, else ./overlays.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import BaseModel
-from rich.markup import escape
-from rich.table import Table
 
 from ddtree_deploy import output as out
 from ddtree_deploy.errors import OverlayError
-from ddtree_deploy.overlay import (
-    OVERLAYS_ENV,
-    Overlay,
-    OverlayCheck,
-    OverlayListing,
-    check_overlay,
-    list_overlays,
-    load_overlay,
-    overlays_path,
-    read_overlay,
-)
+
+if TYPE_CHECKING:
+    from ddtree_deploy.overlay import Overlay, OverlayCheckReport, OverlayList
 
 app = typer.Typer(help="Overlays: list them; check their patches against pristine sglang releases.",
                   no_args_is_help=True)
 
 OverlaysOption = Annotated[
     str | None,
-    typer.Option("--overlays", envvar=OVERLAYS_ENV, help="Folder of overlays (default ./overlays)."),
+    typer.Option("--overlays", envvar="DDTREE_OVERLAYS", help="Folder of overlays (default ./overlays)."),
 ]
-
-
-class OverlayList(BaseModel):
-    folder: str
-    overlays: list[OverlayListing]
-
-
-class OverlayCheckReport(BaseModel):
-    ok: bool
-    checks: list[OverlayCheck]
 
 
 @app.command("list")
@@ -53,6 +32,8 @@ def list_command(overlays: OverlaysOption = None, as_json: out.JsonOption = Fals
 
     Exit codes: 0 all valid; 2 an overlay version is invalid (its row says why).
     """
+    from ddtree_deploy.overlay import OverlayList, list_overlays, overlays_path
+
     with out.errors_rendered(as_json):
         folder = overlays_path(overlays)
         result = OverlayList(folder=str(folder), overlays=list_overlays(folder))
@@ -77,6 +58,8 @@ def check_command(
 
     Exit codes: 0 everything applies and compiles; 1 a conflict or a compile error; 2 a bad overlay.
     """
+    from ddtree_deploy.overlay import OverlayCheckReport, check_overlay, load_overlay, overlays_path
+
     with out.errors_rendered(as_json):
         folder = overlays_path(overlays)
         targets = [load_overlay(spec, folder)] if spec else _every_version(folder)
@@ -87,6 +70,8 @@ def check_command(
 
 
 def _every_version(folder: Path) -> list[Overlay]:
+    from ddtree_deploy.overlay import OVERLAYS_ENV, list_overlays, read_overlay
+
     rows = list_overlays(folder)
     if not rows:
         raise OverlayError(f"no overlays in {folder}", code="unknown_overlay",
@@ -95,6 +80,9 @@ def _every_version(folder: Path) -> list[Overlay]:
 
 
 def _render_list(result: OverlayList) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(title=f"overlays in {result.folder}", title_justify="left")
     for column in ("overlay", "bases", "files", "patches", "artifacts", "description"):
         table.add_column(column, overflow="fold")
@@ -109,6 +97,8 @@ def _render_list(result: OverlayList) -> None:
 
 
 def _render_check(report: OverlayCheckReport) -> None:
+    from rich.markup import escape
+
     for check in report.checks:
         for base in check.bases:
             source = f" (patches from {base.patches_from})" if base.patches_from != base.base else ""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ddtree_deploy import output as out
-from ddtree_deploy import steps
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
+
+if TYPE_CHECKING:
+    from ddtree_deploy import steps
 
 
 def status(
@@ -23,6 +25,8 @@ def status(
     Exit codes: 0 all hosts reachable and clean; 1 a host is unreachable; 3 a host is locked, has an
     open journal, has drifted or its server is unhealthy.
     """
+    from ddtree_deploy import steps
+
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
@@ -37,6 +41,8 @@ def status_exit_code(report: FleetReport[steps.HostStatus]) -> out.ExitCode:
 
 
 def _render(report: FleetReport[steps.HostStatus]) -> None:
+    from rich.table import Table
+
     table = Table(title="ddtree-deploy status", title_justify="left")
     for column in ("host", "python", "sglang", "torch", "overlay", "lock", "server", "notes"):
         table.add_column(column, overflow="fold")

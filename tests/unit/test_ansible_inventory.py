@@ -142,7 +142,6 @@ badwolf.example.com:5309
     jumper = inv.hosts["jumper"]
     assert (jumper.ssh_alias, jumper.ssh_port) == ("192.0.2.50", 5555)
     assert jumper.ssh_key == str(tmp_path / "keys" / "id_ed25519")
-    assert jumper.ssh_options() == ["-o", "Port=5555", "-o", f"IdentityFile={tmp_path / 'keys' / 'id_ed25519'}"]
     assert inv.hosts["badwolf.example.com"].ssh_port == 5309
     assert inv.hosts["192.0.2.51"].ssh_alias == "192.0.2.51"  # a host named by its address connects to it
 
