@@ -1,7 +1,4 @@
-"""`ddtree-deploy diff`: drift, file by file, between installed files and what each host's state says.
-
-Registration (commands/__init__.py): COMMANDS += [("diff", "diff")].
-"""
+"""`ddtree-deploy diff`: drift, file by file, between installed files and what each host's state says."""
 
 from __future__ import annotations
 

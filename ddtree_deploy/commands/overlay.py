@@ -1,6 +1,5 @@
 """`ddtree-deploy overlay list|check`: the overlays on disk, and whether their patches still apply and compile.
 
-Registration (commands/__init__.py): GROUPS += [("overlay", "overlay")] (this module exposes `app`).
 Overlays are read from `--overlays DIR`, else $DDTREE_OVERLAYS, else ./overlays.
 """
 

@@ -1,7 +1,4 @@
-"""`ddtree-deploy snapshots`: each host's snapshots (id, time, reason, files, overlay) and its rollback target.
-
-Registration (commands/__init__.py): COMMANDS += [("snapshots", "snapshots")].
-"""
+"""`ddtree-deploy snapshots`: each host's snapshots (id, time, reason, files, overlay) and its rollback target."""
 
 from __future__ import annotations
 
