@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
+from ddtree_deploy.fleet import FleetOptions, FleetReport, connecting, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
 
 if TYPE_CHECKING:
@@ -25,12 +25,14 @@ def status(
     Exit codes: 0 all hosts reachable and clean; 1 a host is unreachable; 3 a host is locked, has an
     open journal, has drifted or its server is unhealthy.
     """
-    from ddtree_deploy import steps
-
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        report = fan_out(inv, hosts, "status", steps.host_status, FleetOptions(accept_new_host_key=accept_new_host_key))
+        options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        with connecting(inv, hosts, "status", options) as started:
+            from ddtree_deploy import steps  # imported while the hosts connect: the two overlap
+
+            report = fan_out(inv, hosts, "status", steps.host_status, options, started)
     out.emit(report, as_json=as_json, human=_render, code=status_exit_code(report))
 
 
