@@ -111,7 +111,8 @@ def _paramiko_values(destination: str, config: str | None, host: str, user: str 
 
     files = [config] if config else [USER_CONFIG, SYSTEM_CONFIG]
     try:
-        text = "".join(_inlined(Path(os.path.expanduser(f)), must_exist=f == config, depth=0) for f in files)
+        text = "".join(_inlined(Path(os.path.expanduser(f)), must_exist=f == config, depth=0,
+                                relative_to="/etc/ssh" if f == SYSTEM_CONFIG else "~/.ssh") for f in files)
         found = paramiko.SSHConfig.from_text(text).lookup(destination)
     except OSError as exc:
         raise InventoryError(f"cannot read ssh_config {exc.filename}: {exc.strerror}", host=host,
@@ -126,8 +127,9 @@ def _paramiko_values(destination: str, config: str | None, host: str, user: str 
     return values
 
 
-def _inlined(path: Path, *, must_exist: bool, depth: int) -> str:
-    """The file's text with each `Include` replaced by the files it names (globbed; relative to ~/.ssh)."""
+def _inlined(path: Path, *, must_exist: bool, depth: int, relative_to: str) -> str:
+    """The file's text with each `Include` replaced by the files it names (globbed; a relative name is
+    relative to ~/.ssh in a user's file, to /etc/ssh in the system's, as OpenSSH reads it)."""
     if not must_exist and not path.exists():
         return ""
     if depth > MAX_INCLUDE_DEPTH:
@@ -137,8 +139,9 @@ def _inlined(path: Path, *, must_exist: bool, depth: int) -> str:
         words = line.split()
         if len(words) > 1 and words[0].lower() == "include":
             for pattern in words[1:]:
-                full = os.path.join(os.path.expanduser("~/.ssh"), os.path.expanduser(pattern))
-                out += [_inlined(Path(p), must_exist=True, depth=depth + 1) for p in sorted(glob.glob(full))]
+                full = os.path.join(os.path.expanduser(relative_to), os.path.expanduser(pattern))
+                out += [_inlined(Path(p), must_exist=True, depth=depth + 1, relative_to=relative_to)
+                        for p in sorted(glob.glob(full))]
         else:
             out.append(line if line.endswith("\n") else line + "\n")
     return "".join(out)

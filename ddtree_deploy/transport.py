@@ -139,7 +139,7 @@ class Transport(abc.ABC):
         self._await_start()
         started = time.monotonic()
         if self._session is not None and self._session_pid != os.getpid():
-            self._session = None  # a forked child (the crash tests fork a controller): the helper and its pipes belong to the parent
+            self._session = None  # a forked child (the crash tests fork one): the helper's pipes are the parent's
         session = self._session or self._begin()
         try:
             session.send(json.dumps(request).encode() + b"\n")
@@ -294,9 +294,15 @@ class SSHTransport(Transport):
             if self.host.ssh_key:
                 target = dataclasses.replace(target, identity_files=(self.host.ssh_key, *target.identity_files))
             self.ssh_resolver = target.resolver
-            for hop in self._chain(target, target.address, depth=0):
-                self._open(hop)  # from the first jump host on, so that an error names the hop it came from
-                self._hops.append(hop)
+            hops = self._chain(target, target.address, depth=0)
+            try:
+                for hop in hops:  # from the first jump host on, so that an error names the hop it came from
+                    self._open(hop)
+            except BaseException:
+                for hop in reversed(hops):  # never keep a jump host that a retry could take for the host
+                    hop.conn.close()
+                raise
+            self._hops = hops
         return self._hops[-1].conn
 
     def _chain(self, target: SshTarget, label: str, depth: int) -> list[_Hop]:

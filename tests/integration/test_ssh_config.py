@@ -14,7 +14,10 @@ import pytest
 import yaml
 from sshd_fleet import Fleet, make_key
 
+from ddtree_deploy.errors import HostKeyError
+from ddtree_deploy.inventory import load_inventory
 from ddtree_deploy.sshconfig import RESOLVER_ENV
+from ddtree_deploy.transport import transport_for
 
 Cli = Callable[..., Any]
 
@@ -186,3 +189,17 @@ def test_a_missing_ssh_config_is_bad_input_naming_it(fleet: Fleet, tmp_path: Pat
     assert error["code"] == "ssh_config_invalid"
     assert str(tmp_path / "ssh_config") in error["message"]
     assert not (tmp_path / "state").exists()
+
+
+def test_a_refused_host_behind_an_open_jump_host_stays_refused_on_the_next_op(
+        fleet: Fleet, tmp_path: Path, resolver: str) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(fleet.servers["ct129"].known_hosts_line())  # the jump host opens; ct200 is refused
+    inv = load_inventory(str(inventory(fleet, tmp_path, jump_config(fleet), known_hosts, hosts={"ct200": "ct200-via"})))
+    transport = transport_for(inv.hosts["ct200"], inv.ssh)
+    try:
+        for _attempt in range(2):  # the second op must not find the jump host's connection and run there
+            with pytest.raises(HostKeyError, match=f"127.0.0.1:{fleet.servers['ct200'].port}"):
+                transport.run_helper("state")
+    finally:
+        transport.close()
