@@ -1,16 +1,16 @@
 """The one error tree of ddtree-deploy: a root `DeployError` and one subclass per phase.
 
 Every error carries a stable `code` (used in the `--json` envelope), the `host` it concerns (or
-None), a `hint` saying what to do, and, when a host helper answered, its `HelperResult`. Any module
+None), a `hint` saying what to do, and, when a host helper answered, its `HelperResult`
+(`protocol.py`; typed here as a model only, since the protocol raises these errors). Any module
 raises these; only `cli.py` formats them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ddtree_deploy.transport import HelperResult
+from pydantic import BaseModel
 
 
 class DeployError(Exception):
@@ -28,7 +28,7 @@ class DeployError(Exception):
         host: str | None = None,
         hint: str = "",
         code: str | None = None,
-        result: HelperResult | None = None,
+        result: BaseModel | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)

@@ -24,9 +24,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import IO, TYPE_CHECKING, Any
 
-from pydantic import BaseModel
-
-from ddtree_deploy.errors import HelperError, HostKeyError, InventoryError, TransportError
+from ddtree_deploy.errors import HostKeyError, InventoryError, TransportError
+from ddtree_deploy.protocol import HelperResult, Op
 from ddtree_deploy.sshconfig import Resolver, SshTarget, resolve, split_hop
 
 if TYPE_CHECKING:
@@ -37,39 +36,6 @@ if TYPE_CHECKING:
 
 HOSTSIDE_PACKAGE = "ddtree_deploy.hostside"
 MAX_JUMPS = 8  # ProxyJump hops on the way to one host, each hop's own ones included
-
-
-class HelperResult(BaseModel):
-    """One helper round trip, with its evidence."""
-
-    host: str
-    op: str
-    exit_code: int
-    answer: dict[str, Any] | None = None
-    stderr_tail: str = ""
-    duration_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and bool(self.answer and self.answer.get("ok"))
-
-    @property
-    def data(self) -> dict[str, Any]:
-        """The op's answer; raises `HelperError` (naming host, op and code) if the op failed."""
-        if self.ok:
-            assert self.answer is not None
-            return dict(self.answer.get("data") or {})
-        raise self.error()
-
-    def error(self) -> HelperError:
-        if self.answer is None:
-            tail = self.stderr_tail.strip().splitlines()[-1:] or ["no output"]
-            return HelperError(f"helper op {self.op} failed (exit {self.exit_code}): {tail[0]}",
-                               host=self.host, hint="run with the host's python by hand to see why", result=self)
-        err = self.answer.get("error") or {}
-        return HelperError(str(err.get("message", "unknown error")), host=self.host,
-                           code=str(err.get("code", "helper_failed")), hint=str(err.get("hint", "")),
-                           result=self, details=dict(err.get("details") or {}))
 
 
 class _Session(abc.ABC):
@@ -133,7 +99,7 @@ class Transport(abc.ABC):
         if error is not None:
             raise error
 
-    def run_helper(self, op: str, args: dict[str, Any] | None = None) -> HelperResult:
+    def run_helper(self, op: Op, args: dict[str, Any] | None = None) -> HelperResult:
         request = {"op": op, "args": args or {}, "package_root": self.host.package_root,
                    "state_base": self.host.state_dir, "owner": self.owner}
         self._await_start()
@@ -154,7 +120,7 @@ class Transport(abc.ABC):
                             stderr_tail=stderr.decode(errors="replace")[-4000:],
                             duration_s=time.monotonic() - started)
 
-    def call(self, op: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    def call(self, op: Op, args: dict[str, Any] | None = None) -> dict[str, Any]:
         """`run_helper(...).data`: the answer, or the op's error raised."""
         return self.run_helper(op, args).data
 
