@@ -26,15 +26,8 @@ from typing import Any
 
 from ddtree_deploy import service
 from ddtree_deploy.inventory import HostSpec, ProcessService
-from ddtree_deploy.probes import (
-    HttpProbe,
-    LosslessProbe,
-    MetricsProbe,
-    ProbeSpec,
-    ServerInfoProbe,
-    record_reference,
-    run_probes,
-)
+from ddtree_deploy.probes import HttpProbe, LosslessProbe, MetricsProbe, ProbeSpec, ServerInfoProbe
+from ddtree_deploy.probing import record_reference, run_probes
 from ddtree_deploy.transport import LocalTransport
 
 SITE = Path("/tmp/site")

@@ -53,10 +53,14 @@ class HelperResult(BaseModel):
             return dict(self.answer.get("data") or {})
         raise self.error()
 
-    def parsed(self, model: type[M]) -> M:
-        """The op's answer read into `model`; raises `HelperError` if the op failed or answered another shape."""
+    def parsed(self, model: type[M], **known: Any) -> M:
+        """The op's answer read into `model`, with `known` fields the answer leaves out (the host's name).
+
+        Raises:
+            HelperError: the op failed, or answered in a shape `model` does not read.
+        """
         try:
-            return model.model_validate(self.data)
+            return model.model_validate({**self.data, **known})
         except ValidationError as exc:
             problem = exc.errors()[0]
             where = ".".join(str(part) for part in problem["loc"]) or "answer"

@@ -16,13 +16,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
-from ddtree_deploy import snapshot as snapshot_ops
 from ddtree_deploy.errors import HelperError, OverlayError, PreflightError, ProbeError, ServiceError
 from ddtree_deploy.inventory import HostSpec
-from ddtree_deploy.overlay import Overlay, Plan, load_overlay, overlays_path
-from ddtree_deploy.probes import LosslessProbe, ProbeResult, ProbeSpec, Reference, record_reference, run_probes
+from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, load_overlay, overlays_path, plan
+from ddtree_deploy.probes import LosslessProbe, ProbeSpec
+from ddtree_deploy.probing import ProbeResult, Reference, record_reference, run_probes
+from ddtree_deploy.protocol import DeployedState, HostState, LockController
+from ddtree_deploy.remote import drift, facts, locks, store, transactions
+from ddtree_deploy.remote.store import PruneResult, SnapshotTaken
+from ddtree_deploy.remote.transactions import ApplyResult, RestoreResult
 from ddtree_deploy.service import ServiceReport
-from ddtree_deploy.snapshot import ApplyResult, DeployedState, PruneResult, RestoreResult, SnapshotTaken
 from ddtree_deploy.transport import Transport
 
 
@@ -35,73 +38,6 @@ class StepOutcome(BaseModel):
     bad_input: bool = False
     duration_s: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
-
-
-class HostStatus(BaseModel):
-    """One row of `status`."""
-
-    host: str
-    python: str
-    package_root: str
-    sglang: str | None
-    torch: str | None
-    cuda_variant: str | None
-    overlay: str | None = None
-    snapshot: str | None = None
-    launch_args: list[str] = Field(default_factory=list)
-    lock: str | None = None
-    journal_open: bool = False
-    server: str = "no service"
-    notes: list[str] = Field(default_factory=list)
-    needs_attention: bool = False
-    ssh_resolver: str | None = Field(default=None, description="what read the host's ssh_config: openssh or paramiko")
-
-
-def host_status(transport: Transport) -> HostStatus:
-    """Facts for one `status` row: fingerprint, deployed state, lock, journal, server health."""
-    fp = abi.Fingerprint.from_helper(transport.call("fingerprint"))
-    state = transport.call("state")
-    deployed = state.get("deployed") or {}
-    lock = state.get("lock")
-    notes = []
-    if state.get("journal"):
-        notes.append("open journal: an operation was interrupted; run `ddtree-deploy rollback`")
-    if lock:
-        notes.append("lock expired" if lock.get("expired") else f"locked since {lock.get('started')}")
-    overlay = f"{deployed['overlay']}@{deployed['version']}" if deployed.get("overlay") else None
-    drifted = _overlay_drift_note(transport, overlay) if overlay and not state.get("journal") else None
-    if drifted:
-        notes.append(drifted)
-    server = _server_health(transport)
-    return HostStatus(
-        host=transport.host.name, python=fp.python_version, package_root=str(state.get("package_root")),
-        sglang=fp.sglang_version, torch=fp.torch_version, cuda_variant=fp.cuda_variant, overlay=overlay,
-        snapshot=deployed.get("snapshot"), launch_args=list((state.get("launch") or {}).get("argv") or []),
-        lock=lock.get("owner") if lock else None, journal_open=bool(state.get("journal")), notes=notes, server=server,
-        needs_attention=bool(state.get("journal")) or bool(lock and not lock.get("expired"))
-        or server.startswith("unhealthy") or bool(drifted), ssh_resolver=transport.ssh_resolver,
-    )
-
-
-def _overlay_drift_note(transport: Transport, overlay: str) -> str | None:
-    """A note when the deployed overlay's own files are no longer what it wrote (say pip reinstalled sglang)."""
-    drift = snapshot_ops.verify(transport, overlay_only=True)
-    if drift.clean:
-        return None
-    first = drift.files[0]
-    return (f"{len(drift.files)} of {overlay}'s {drift.checked} files changed since the push "
-            f"({first.path} {first.kind}); `ddtree-deploy diff --host {transport.host.name}` lists them")
-
-
-def _server_health(transport: Transport) -> str:
-    """'healthy', 'unhealthy: <why>' or 'no service'; a server that is simply stopped is unhealthy."""
-    if transport.host.service is None:
-        return "no service"
-    s = service.status(transport)
-    if s.healthy:
-        return f"healthy (pid {s.pid}, port {s.port})"
-    why = "not running" if not s.running else (s.health_error or f"/health answered {s.health_status}")
-    return f"unhealthy: {why}"
 
 
 # --------------------------------------------------------------------------- a run on one host
@@ -132,7 +68,7 @@ class HostRun:
     on_progress: Callable[[str, str], None] | None = None
     fingerprint: abi.Fingerprint | None = None
     deployed: DeployedState | None = None
-    host_state: dict[str, Any] | None = None  # the `state` op's answer, as preflight read it
+    host_state: HostState | None = None  # the `state` op's answer, as preflight read it
     plan: Plan | None = None
     reference: Reference | None = None
     snapshot: SnapshotTaken | None = None
@@ -213,14 +149,14 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
     if args.lock and not run.options.dry_run:
         take_lock(t, run.options.lock_ttl_s)
         run.locked = True
-    run.fingerprint = abi.Fingerprint.from_helper(t.call("fingerprint"), host=run.host.name)
-    state = run.host_state = t.call("state")
-    run.deployed = DeployedState.model_validate(state["deployed"]) if state.get("deployed") else None
-    run.server_args = list((state.get("launch") or {}).get("server_args") or [])
-    journal = state.get("journal")
+    run.fingerprint = abi.Fingerprint.from_helper(facts.fingerprint(t), host=run.host.name)
+    state = run.host_state = locks.state(t)
+    run.deployed = state.deployed
+    run.server_args = list(state.launch.server_args) if state.launch else []
+    journal = state.journal
     if journal and not args.allow_open_journal:
         raise PreflightError(
-            f"an interrupted operation left an open journal (snapshot {journal.get('snapshot')})",
+            f"an interrupted operation left an open journal (snapshot {journal.snapshot})",
             host=run.host.name, code="journal_open",
             hint=f"run `ddtree-deploy rollback --host {run.host.name}` to restore that snapshot")
     problems = abi.check_host_stack(run.host.name, run.fingerprint)
@@ -239,24 +175,24 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
 
 def take_lock(t: Transport, ttl_s: float) -> None:
     """Lock the host; a lock whose controller ran on this machine and is dead is taken over (and logged)."""
-    me = {"host": socket.gethostname(), "pid": os.getpid()}
+    me = LockController(host=socket.gethostname(), pid=os.getpid())
     try:
-        t.call("lock", {"owner": t.owner, "ttl_s": ttl_s, "controller": me})
+        locks.lock(t, ttl_s=ttl_s, controller=me)
     except HelperError as exc:
-        holder = exc.details.get("holder") or {}
-        if exc.code != "locked" or not _dead_local_controller(holder.get("controller")):
+        holder = locks.holder_of(exc)
+        if holder is None or holder.owner is None or not _dead_local_controller(holder.controller):
             raise
-        t.call("lock", {"owner": t.owner, "ttl_s": ttl_s, "controller": me, "take_over": holder.get("owner")})
+        locks.lock(t, ttl_s=ttl_s, controller=me, take_over=holder.owner)
 
 
-def _dead_local_controller(controller: Any) -> bool:
-    if not isinstance(controller, dict) or controller.get("host") != socket.gethostname():
+def _dead_local_controller(controller: LockController | None) -> bool:
+    if controller is None or controller.host != socket.gethostname() or controller.pid <= 0:
         return False
     try:
-        os.kill(int(controller["pid"]), 0)
+        os.kill(controller.pid, 0)
     except ProcessLookupError:
         return True
-    except (PermissionError, KeyError, TypeError, ValueError):
+    except PermissionError:
         return False
     return False
 
@@ -272,13 +208,13 @@ def _overlay_problems(run: HostRun) -> list[abi.AbiProblem]:
 
 
 def _refuse_drift(run: HostRun) -> None:
-    drift = snapshot_ops.verify(run.transport)
-    if drift.clean or run.options.force:
+    found = drift.verify(run.transport)
+    if found.clean or run.options.force:
         return
-    files = ", ".join(f"{d.path} ({d.kind})" for d in drift.files[:5])
-    more = f" and {len(drift.files) - 5} more" if len(drift.files) > 5 else ""
+    files = ", ".join(f"{d.path} ({d.kind})" for d in found.files[:5])
+    more = f" and {len(found.files) - 5} more" if len(found.files) > 5 else ""
     raise PreflightError(f"installed files drifted from what was deployed: {files}{more}", host=run.host.name,
-                         code="drift", details={"drift": drift.model_dump()},
+                         code="drift", details={"drift": found.model_dump()},
                          hint=f"see `ddtree-deploy diff --host {run.host.name}`; push --force overwrites, "
                               "rollback restores the snapshot")
 
@@ -292,8 +228,8 @@ def plan_step(run: HostRun, args: NoArgs) -> StepOutcome:
     artifacts = None
     if run.overlay.manifest.artifacts:
         artifacts = abi.select_artifacts(run.host.name, run.fingerprint, run.overlay.manifest.artifacts).folder
-    run.plan = snapshot_ops.plan_for_host(run.transport, run.overlay, run.fingerprint.sglang_version or "",
-                                          artifacts_folder=artifacts, deployed=run.deployed)
+    run.plan = plan_for_host(run.transport, run.overlay, run.fingerprint.sglang_version or "",
+                             artifacts_folder=artifacts, deployed=run.deployed)
     run.server_args = list(run.overlay.manifest.server.args)
     counts = _change_counts(run.plan)
     if run.plan.noop:
@@ -302,6 +238,24 @@ def plan_step(run: HostRun, args: NoArgs) -> StepOutcome:
     if run.options.dry_run:
         run.finished = "dry_run"
     return _ok("plan", f"{run.overlay.label} on sglang {run.plan.base}: {counts}")
+
+
+def plan_for_host(t: Transport, overlay: Overlay, base_version: str, *, artifacts_folder: str | None = None,
+                  deployed: DeployedState | None = None) -> Plan:
+    """Fetch the facts `overlay.plan` needs from the host (one call) and compute the plan.
+
+    With an overlay deployed, its base snapshot supplies the pristine bytes to patch, and the
+    paths it owns but `overlay` does not are reverted. A deployed record made on another sglang
+    release is ignored (the pre-image checks then judge the files as they are).
+    """
+    if deployed is not None and deployed.base not in (None, base_version):
+        deployed = None  # sglang was reinstalled under the overlay: its record no longer describes these files
+    base_snapshot = deployed.base_snapshot if deployed and deployed.overlay else None
+    owned = sorted(deployed.files) if deployed and deployed.overlay else []
+    paths = facts_needed(overlay, base_version, owned, artifacts_folder)
+    files = {p: HostFile.from_helper(f) for p, f in store.read_files(t, paths, snapshot=base_snapshot).items()}
+    return plan(overlay, base_version, files, artifacts_folder=artifacts_folder, deployed_paths=owned,
+                base_snapshot=base_snapshot, host=t.host.name)
 
 
 def _change_counts(plan: Plan) -> str:
@@ -327,7 +281,7 @@ class SnapshotArgs(NoArgs):
 def snapshot(run: HostRun, args: SnapshotArgs) -> StepOutcome:
     """Record the installed package in the host's store; from here on a failure rolls back."""
     fp = run.fingerprint.model_dump(mode="json") if run.fingerprint else None
-    run.snapshot = snapshot_ops.take_snapshot(run.transport, args.reason, fp)
+    run.snapshot = store.snapshot(run.transport, args.reason, fp)
     run.changed = True
     s = run.snapshot
     return _ok("snapshot", f"{s.id}: {s.files} files, {s.new_objects} new objects ({s.new_bytes} bytes) "
@@ -337,7 +291,7 @@ def snapshot(run: HostRun, args: SnapshotArgs) -> StepOutcome:
 def apply(run: HostRun, args: NoArgs) -> StepOutcome:
     """Apply the plan as one journaled transaction on top of the snapshot just taken."""
     assert run.plan is not None and run.snapshot is not None, "apply needs plan and snapshot first"
-    run.applied = snapshot_ops.apply_plan(run.transport, run.plan, run.snapshot.id)
+    run.applied = transactions.apply(run.transport, run.plan.helper_args(run.snapshot.id))
     run.overlay_live = True
     return _ok("apply", f"{run.plan.overlay}@{run.plan.version}: {_change_counts(run.plan)}")
 
@@ -352,14 +306,14 @@ class RestoreArgs(NoArgs):
 def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     """Put the package back exactly as a snapshot recorded it, verified by re-hashing."""
     target = args.snapshot or run.options.to_snapshot or (run.snapshot.id if run.snapshot else None)
-    if target is None and run.deployed is None and not _host_state(run).get("journal"):
+    if target is None and run.deployed is None and not _host_state(run).journal:
         return _noop("restore", "nothing deployed and no interrupted operation: nothing to restore")
     if run.fingerprint is not None and not run.options.force:
         abi.raise_problems(_snapshot_problems(run, target), code="fingerprint_changed")
     run.changed = True
-    run.restored = snapshot_ops.restore(run.transport, target)
+    run.restored = transactions.restore(run.transport, target)
     run.overlay_live = False
-    restored = snapshot_ops.deployed_state(run.transport)
+    restored = locks.state(run.transport).deployed
     r = run.restored
     message = (f"restored {r.snapshot}: {len(r.restored)} files back, {len(r.removed)} removed, "
                f"{r.verified} verified" + (", open journal closed" if r.closed_journal else ""))
@@ -372,20 +326,20 @@ def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     return _ok("restore", message)
 
 
-def _host_state(run: HostRun) -> dict[str, Any]:
+def _host_state(run: HostRun) -> HostState:
     """The `state` answer preflight read (one round trip at most, also in playbooks without preflight)."""
     if run.host_state is None:
-        run.host_state = run.transport.call("state")
+        run.host_state = locks.state(run.transport)
     return run.host_state
 
 
 def _snapshot_problems(run: HostRun, target: str | None) -> list[abi.AbiProblem]:
     """Compare the host's fingerprint now with the one recorded in the target snapshot."""
     assert run.fingerprint is not None
-    listing = run.transport.call("snapshots")
-    journal = _host_state(run).get("journal") or {}
-    target = target or journal.get("snapshot") or (listing.get("state") or {}).get("snapshot")
-    recorded = next((s.get("fingerprint") for s in listing.get("snapshots", []) if s["id"] == target), None)
+    listing = store.snapshots(run.transport)
+    journal = _host_state(run).journal
+    target = target or (journal.snapshot if journal else None) or listing.rollback_target
+    recorded = next((s.fingerprint for s in listing.snapshots if s.id == target), None)
     if not recorded:
         return []  # unknown ids are refused by the restore itself, naming the known ones
     then = abi.Fingerprint.from_helper(recorded, host=run.host.name)
@@ -412,7 +366,7 @@ def restart(run: HostRun, args: IfChangedArgs) -> StepOutcome:
     if run.host.service is None:
         return _noop("restart", "no service configured: nothing restarted")
     run.server = service.restart(run.transport, run.server_args)
-    run.transport.call("record_launch", {"argv": run.server.argv, "server_args": run.server_args})
+    locks.record_launch(run.transport, run.server.argv, run.server_args)
     if not run.server.ready:
         run.healthy = False
     run.server.raise_for_failure()
@@ -475,7 +429,7 @@ class PruneArgs(NoArgs):
 def prune(run: HostRun, args: PruneArgs) -> StepOutcome:
     """Free the host's store: drop old snapshots and the contents only they used (never a rollback target)."""
     keep = run.options.keep_snapshots or args.keep
-    run.pruned = p = snapshot_ops.prune_store(run.transport, keep, dry_run=run.options.dry_run)
+    run.pruned = p = store.prune(run.transport, keep, dry_run=run.options.dry_run)
     what = f"{len(p.removed)} snapshots and {p.objects_removed} objects ({p.bytes_freed / 1e6:.1f} MB)"
     if run.options.dry_run:
         run.finished = "dry_run"
@@ -488,7 +442,7 @@ def prune(run: HostRun, args: PruneArgs) -> StepOutcome:
 def release_lock(run: HostRun) -> None:
     """Always the last thing a run does on a host it locked."""
     if run.locked:
-        run.transport.call("unlock", {"owner": run.transport.owner})
+        locks.unlock(run.transport)
         run.locked = False
 
 

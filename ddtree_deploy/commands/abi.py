@@ -50,8 +50,9 @@ def abi(
 def read_fingerprint(transport: Transport, *, deep: bool = False) -> Fingerprint:
     """The per-host work: one `fingerprint` round trip, read into a `Fingerprint`."""
     from ddtree_deploy.abi import Fingerprint
+    from ddtree_deploy.remote import facts
 
-    return Fingerprint.from_helper(transport.call("fingerprint", {"deep": deep}), host=transport.host.name)
+    return Fingerprint.from_helper(facts.fingerprint(transport, deep=deep), host=transport.host.name)
 
 
 def _columns(report: FleetReport[Fingerprint]) -> list[HostColumn]:

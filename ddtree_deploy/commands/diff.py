@@ -12,7 +12,7 @@ from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
 
 if TYPE_CHECKING:
-    from ddtree_deploy import snapshot
+    from ddtree_deploy.remote.drift import DriftReport
 
 DeepOption = Annotated[bool, typer.Option("--deep", help="Re-hash every file instead of trusting unchanged stat data.")]
 
@@ -30,23 +30,23 @@ def diff(
 
     Exit codes: 0 no drift anywhere; 1 a host could not be read; 3 a host drifted or has an open journal.
     """
-    from ddtree_deploy import snapshot
+    from ddtree_deploy.remote import drift
 
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         options = FleetOptions(accept_new_host_key=accept_new_host_key)
-        report = fan_out(inv, hosts, "diff", partial(snapshot.verify, deep=deep), options)
+        report = fan_out(inv, hosts, "diff", partial(drift.verify, deep=deep), options)
     out.emit(report, as_json=as_json, human=_render, code=diff_exit_code(report))
 
 
-def diff_exit_code(report: FleetReport[snapshot.DriftReport]) -> out.ExitCode:
+def diff_exit_code(report: FleetReport[DriftReport]) -> out.ExitCode:
     if any(row.result is not None and (not row.result.clean or row.result.journal_open) for row in report.hosts):
         return out.ExitCode.HOST_NEEDS_ATTENTION
     return out.ExitCode.FAILED if report.failed else out.ExitCode.OK
 
 
-def _render(report: FleetReport[snapshot.DriftReport]) -> None:
+def _render(report: FleetReport[DriftReport]) -> None:
     from rich.table import Table
 
     for row in report.hosts:

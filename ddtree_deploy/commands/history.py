@@ -12,6 +12,7 @@ from ddtree_deploy import history as audit
 from ddtree_deploy import output as out
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import Transport
 
 
@@ -40,7 +41,7 @@ def history(
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
 
         def work(t: Transport) -> HostHistory:
-            return HostHistory(host=t.host.name, events=list(t.call("state", {"history": lines})["history"]))
+            return HostHistory(host=t.host.name, events=locks.state(t, history=lines).history)
 
         report = HistoryReport(
             hosts=fan_out(inv, hosts, "history", work, FleetOptions(accept_new_host_key=accept_new_host_key)),

@@ -14,7 +14,7 @@ from ddtree_deploy.inventory import HostSpec, Inventory, load_inventory, select_
 from ddtree_deploy.transport import Transport, transport_for
 
 if TYPE_CHECKING:
-    from ddtree_deploy.service import LogChunk
+    from ddtree_deploy.remote.service import LogChunk
 
 
 def logs(

@@ -10,7 +10,7 @@ from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
 
 if TYPE_CHECKING:
-    from ddtree_deploy import snapshot
+    from ddtree_deploy.remote.store import HostSnapshots
 
 
 def snapshots(
@@ -25,17 +25,17 @@ def snapshots(
 
     Exit codes: 0 every host answered; 1 a host could not be read.
     """
-    from ddtree_deploy import snapshot
+    from ddtree_deploy.remote import store
 
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         options = FleetOptions(accept_new_host_key=accept_new_host_key)
-        report = fan_out(inv, hosts, "snapshots", snapshot.list_snapshots, options)
+        report = fan_out(inv, hosts, "snapshots", store.snapshots, options)
     out.emit(report, as_json=as_json, human=_render, code=out.ExitCode.FAILED if report.failed else out.ExitCode.OK)
 
 
-def _render(report: FleetReport[snapshot.HostSnapshots]) -> None:
+def _render(report: FleetReport[HostSnapshots]) -> None:
     from rich.table import Table
 
     for row in report.hosts:

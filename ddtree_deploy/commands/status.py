@@ -9,7 +9,7 @@ from ddtree_deploy.fleet import FleetOptions, FleetReport, connecting, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
 
 if TYPE_CHECKING:
-    from ddtree_deploy import steps
+    from ddtree_deploy.commands._host_status import HostStatus
 
 
 def status(
@@ -30,19 +30,19 @@ def status(
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         options = FleetOptions(accept_new_host_key=accept_new_host_key)
         with connecting(inv, hosts, "status", options) as started:
-            from ddtree_deploy import steps  # imported while the hosts connect: the two overlap
+            from ddtree_deploy.commands._host_status import host_status  # imported while the hosts connect
 
-            report = fan_out(inv, hosts, "status", steps.host_status, options, started)
+            report = fan_out(inv, hosts, "status", host_status, options, started)
     out.emit(report, as_json=as_json, human=_render, code=status_exit_code(report))
 
 
-def status_exit_code(report: FleetReport[steps.HostStatus]) -> out.ExitCode:
+def status_exit_code(report: FleetReport[HostStatus]) -> out.ExitCode:
     if any(row.result is not None and row.result.needs_attention for row in report.hosts):
         return out.ExitCode.HOST_NEEDS_ATTENTION
     return out.ExitCode.FAILED if report.failed else out.ExitCode.OK
 
 
-def _render(report: FleetReport[steps.HostStatus]) -> None:
+def _render(report: FleetReport[HostStatus]) -> None:
     from rich.table import Table
 
     table = Table(title="ddtree-deploy status", title_justify="left")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from pydantic import BaseModel
@@ -10,12 +10,14 @@ from pydantic import BaseModel
 from ddtree_deploy import output as out
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.protocol import LockRecord
+from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import Transport
 
 
 class Unlocked(BaseModel):
     host: str
-    released: dict[str, Any] | None
+    released: LockRecord | None
 
 
 def unlock(
@@ -31,7 +33,7 @@ def unlock(
         hosts = select_hosts(inv, names=host)
 
         def work(t: Transport) -> Unlocked:
-            return Unlocked(host=t.host.name, released=t.call("unlock", {"owner": t.owner, "force": force})["released"])
+            return Unlocked(host=t.host.name, released=locks.unlock(t, force=force))
 
         report = fan_out(inv, hosts, "unlock", work, FleetOptions(accept_new_host_key=accept_new_host_key))
     out.emit(report, as_json=as_json, human=_render, code=out.ExitCode.FAILED if report.failed else out.ExitCode.OK)
@@ -42,6 +44,6 @@ def _render(report: FleetReport[Unlocked]) -> None:
         if row.result is None:
             out.console.print(f"{row.host}: [red]{row.error.message if row.error else 'skipped'}[/]")
         elif row.result.released:
-            out.console.print(f"{row.host}: released the lock of {row.result.released.get('owner')}")
+            out.console.print(f"{row.host}: released the lock of {row.result.released.owner}")
         else:
             out.console.print(f"{row.host}: was not locked")

@@ -8,13 +8,9 @@ import pytest
 
 from ddtree_deploy import service
 from ddtree_deploy.errors import ProbeError
-from ddtree_deploy.probes import (
-    HttpProbe,
-    LosslessProbe,
-    MetricsProbe,
+from ddtree_deploy.probes import HttpProbe, LosslessProbe, MetricsProbe, ProbeSpec, ServerInfoProbe
+from ddtree_deploy.probing import (
     ProbeResult,
-    ProbeSpec,
-    ServerInfoProbe,
     generate_greedy,
     http_request,
     record_reference,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddtree_deploy import service
-from ddtree_deploy.probes import http_request
+from ddtree_deploy.probing import http_request
 from sandbox import standin_server
 from tests.service.conftest import STANDIN, make_package_root
 

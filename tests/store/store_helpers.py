@@ -126,7 +126,7 @@ def local_transport(site: Path, state: Path) -> LocalTransport:
 
 
 def plan_in_process(ctx: Context, overlay: Overlay, base: str = "0.5.17") -> Plan:
-    """What `snapshot.plan_for_host` does, with the helper's ops called in-process."""
+    """What `steps.plan_for_host` does, with the helper's ops called in-process."""
     deployed = read_json(ctx.path("state.json")) or {}
     owned = sorted(deployed.get("files") or {}) if deployed.get("overlay") else []
     base_snapshot = deployed.get("base_snapshot") if deployed.get("overlay") else None

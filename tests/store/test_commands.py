@@ -14,11 +14,12 @@ import yaml
 from store_helpers import OVERLAYS, local_transport, tree_state
 from typer.testing import CliRunner
 
-from ddtree_deploy import snapshot
 from ddtree_deploy.commands import diff, overlay, snapshots
 from ddtree_deploy.errors import PreflightError, UsageError
 from ddtree_deploy.output import ExitCode, exit_code_for
 from ddtree_deploy.overlay import load_overlay
+from ddtree_deploy.remote import locks, store, transactions
+from ddtree_deploy.steps import plan_for_host
 
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 
@@ -75,9 +76,9 @@ def test_snapshots_and_diff_over_a_local_host(inventory: Path, site: Path, tmp_p
     t = local_transport(site, tmp_path / "state")
     code, out, _ = run("diff", "--inventory", str(inventory), "--json")
     assert code == 0 and out["data"]["hosts"][0]["result"]["baseline"] is None
-    the_plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
-    taken = snapshot.take_snapshot(t, "pre-push")
-    snapshot.apply_plan(t, the_plan, taken.id)
+    the_plan = plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
+    taken = store.snapshot(t, "pre-push")
+    transactions.apply(t, the_plan.helper_args(taken.id))
 
     code, out, err = run("snapshots", "--inventory", str(inventory), "--json")
     row = out["data"]["hosts"][0]["result"]
@@ -96,10 +97,10 @@ def test_snapshots_and_diff_over_a_local_host(inventory: Path, site: Path, tmp_p
 
 def test_unknown_snapshot_is_bad_input_and_changes_nothing(site: Path, tmp_path: Path) -> None:
     t = local_transport(site, tmp_path / "state")
-    snapshot.take_snapshot(t, "r")
+    store.snapshot(t, "r")
     before = tree_state(site)
     with pytest.raises(UsageError) as err:
-        snapshot.restore(t, "20990101T000000Z-00000000")
+        transactions.restore(t, "20990101T000000Z-00000000")
     assert err.value.code == "unknown_snapshot" and exit_code_for(err.value) == ExitCode.BAD_INPUT
     assert "known snapshots" in err.value.hint and tree_state(site) == before
 
@@ -107,11 +108,11 @@ def test_unknown_snapshot_is_bad_input_and_changes_nothing(site: Path, tmp_path:
 def test_a_deployed_record_from_another_sglang_release_is_not_trusted(site: Path, tmp_path: Path) -> None:
     t = local_transport(site, tmp_path / "state")
     overlay = load_overlay("mini@0.1.0", OVERLAYS)
-    snapshot.apply_plan(t, snapshot.plan_for_host(t, overlay, "0.5.17"), snapshot.take_snapshot(t, "pre-push").id)
-    deployed = snapshot.deployed_state(t)
+    transactions.apply(t, plan_for_host(t, overlay, "0.5.17").helper_args(store.snapshot(t, "pre-push").id))
+    deployed = locks.state(t).deployed
     assert deployed is not None and deployed.base == "0.5.17"
-    assert snapshot.plan_for_host(t, overlay, "0.5.17", deployed=deployed).noop
+    assert plan_for_host(t, overlay, "0.5.17", deployed=deployed).noop
     reinstalled = deployed.model_copy(update={"base": "0.5.16"})  # as if pip replaced sglang under the overlay
     with pytest.raises(PreflightError) as err:  # base-snapshot bytes of another release are never patched
-        snapshot.plan_for_host(t, overlay, "0.5.17", deployed=reinstalled)
+        plan_for_host(t, overlay, "0.5.17", deployed=reinstalled)
     assert err.value.code == "preimage_mismatch"

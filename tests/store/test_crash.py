@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from store_helpers import OVERLAYS, local_transport, run_and_kill, tree_state
 
-from ddtree_deploy import snapshot
 from ddtree_deploy.errors import HelperError
 from ddtree_deploy.overlay import Plan, load_overlay
+from ddtree_deploy.remote import drift, locks, store, transactions
+from ddtree_deploy.steps import plan_for_host
 from ddtree_deploy.transport import LocalTransport
 
 # mini@0.1.0 writes 3 files: server_args.py, spec_info.py (patched), mini_utils.py (created)
@@ -22,24 +23,24 @@ APPLY_POINTS = ["journal_written", "file_staged:1", "file_written:1", "file_writ
 
 def push(t: LocalTransport) -> None:
     """The controller's side of a push (files only): plan, snapshot, journaled apply."""
-    plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17", deployed=snapshot.deployed_state(t))
-    snapshot.apply_plan(t, plan, snapshot.take_snapshot(t, "pre-push").id)
+    plan = plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17", deployed=locks.state(t).deployed)
+    transactions.apply(t, plan.helper_args(store.snapshot(t, "pre-push").id))
 
 
 def assert_refused_until_rollback(t: LocalTransport, site: Path, before: dict[str, object], plan: Plan) -> None:
     journal = t.call("state")["journal"]
     assert journal is not None
-    assert snapshot.verify(t).journal_open
-    for refused in (lambda: snapshot.take_snapshot(t, "after crash"),
-                    lambda: snapshot.apply_plan(t, plan, journal["snapshot"])):
+    assert drift.verify(t).journal_open
+    for refused in (lambda: store.snapshot(t, "after crash"),
+                    lambda: transactions.apply(t, plan.helper_args(journal["snapshot"]))):
         with pytest.raises(HelperError) as err:
             refused()
         assert err.value.code == "journal_open" and journal["snapshot"] in err.value.hint
-    result = snapshot.restore(t)
+    result = transactions.restore(t)
     assert result.closed_journal and result.snapshot == journal["snapshot"]
     assert tree_state(site) == before
     assert t.call("state")["journal"] is None
-    assert snapshot.verify(t).clean
+    assert drift.verify(t).clean
 
 
 @pytest.mark.parametrize("point", APPLY_POINTS)
@@ -48,7 +49,7 @@ def test_push_killed_at_any_point_leaves_a_journal_and_rollback_restores_bit_exa
     state = tmp_path / "state"
     t = local_transport(site, state)
     before = tree_state(site)
-    plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
+    plan = plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
     run_and_kill(lambda: push(t), point, tmp_path)
     assert_refused_until_rollback(t, site, before, plan)
 
@@ -58,8 +59,8 @@ def test_rollback_killed_half_way_is_finished_by_the_next_rollback(point: str, s
     state = tmp_path / "state"
     t = local_transport(site, state)
     before = tree_state(site)
-    plan = snapshot.plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
+    plan = plan_for_host(t, load_overlay("mini@0.1.0", OVERLAYS), "0.5.17")
     push(t)
     assert tree_state(site) != before
-    run_and_kill(lambda: snapshot.restore(t), point, tmp_path)
+    run_and_kill(lambda: transactions.restore(t), point, tmp_path)
     assert_refused_until_rollback(t, site, before, plan)
