@@ -1,8 +1,10 @@
 """Playbooks: named step sequences loaded from YAML, and the runner that plays one on one host.
 
-A playbook is `steps:` (each `- step_name: {args}`) plus an `on_failure:` sequence. Unknown steps and
-unknown or ill-typed arguments are load-time errors naming the file, the step and the field. The
-runner plays `steps` in order; when one fails it plays `on_failure` (unless the run says
+A playbook is `steps:` (each `- step_name: {args}`) plus an `on_failure:` sequence. Unknown steps,
+unknown or ill-typed arguments, and an order in which a step needs a fact no step before it gives
+(`apply` before `plan`) are load-time errors naming the file, the step and the field or fact; a step
+that needs what only the run gives (an overlay) is refused by `require_inputs` before any host is
+touched. The runner plays `steps` in order; when one fails it plays `on_failure` (unless the run says
 `no_rollback`), always releases the host lock, and returns a `PlaybookReport` with every step's
 outcome. `push` and `rollback` are the built-in playbooks under `playbooks/`.
 """
@@ -18,11 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy import steps
 from ddtree_deploy.errors import DeployError, PlaybookError
-from ddtree_deploy.steps import HostRun, StepOutcome
+from ddtree_deploy.steps import Fact, HostRun, StepOutcome
 from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 INTERRUPTED = "interrupted (Ctrl-C)"
+#: facts the run itself gives before any step, and how the operator gives each
+RUN_INPUTS: dict[Fact, str] = {"overlay": "pass --overlay NAME[@VERSION]"}
 
 
 class StepCall(BaseModel):
@@ -74,13 +78,45 @@ def load_playbook(path: Path) -> Playbook:
     if unknown:
         raise PlaybookError(f"{path}: unknown key {sorted(unknown)[0]!r}",
                             hint="allowed: name, description, steps, on_failure")
-    return Playbook(
+    book = Playbook(
         name=str(raw.get("name") or path.stem),
         path=str(path),
         description=str(raw.get("description") or ""),
         steps=[_step_call(path, "steps", i, item) for i, item in enumerate(raw["steps"])],
         on_failure=[_step_call(path, "on_failure", i, item) for i, item in enumerate(raw.get("on_failure") or [])],
     )
+    _check_order(path, "steps", book.steps)
+    _check_order(path, "on_failure", book.on_failure)  # a failure can come at any step: it relies on itself alone
+    return book
+
+
+def _check_order(path: Path, section: str, calls: list[StepCall]) -> None:
+    """Every fact a step needs is given by a step before it (or by the run: see `require_inputs`)."""
+    given: set[Fact] = set(RUN_INPUTS)
+    for index, call in enumerate(calls):
+        step = steps.STEPS[call.name]
+        missing = sorted(step.needs - given)
+        if missing:
+            givers = [name for name, other in steps.STEPS.items() if missing[0] in other.gives]
+            raise PlaybookError(f"{path}: {section}[{index}]: step {call.name} needs {missing[0]}, "
+                                "which no step before it gives",
+                                hint=f"put {' or '.join(givers) or 'a step that gives it'} before {call.name}")
+        given |= step.gives
+
+
+def require_inputs(book: Playbook, given: set[Fact]) -> None:
+    """Refuse `book` if a step needs what this run does not give (a `plan` step, and no overlay named).
+
+    Raises:
+        PlaybookError: naming the file, the step and the input, with how to give it.
+    """
+    for section, calls in (("steps", book.steps), ("on_failure", book.on_failure)):
+        for index, call in enumerate(calls):
+            missing = sorted(fact for fact in steps.STEPS[call.name].needs & set(RUN_INPUTS) if fact not in given)
+            if missing:
+                raise PlaybookError(f"{book.path}: {section}[{index}]: step {call.name} needs {missing[0]}, "
+                                    "which this run does not give",
+                                    hint=RUN_INPUTS[missing[0]])
 
 
 def _step_call(path: Path, section: str, index: int, item: Any) -> StepCall:

@@ -2,7 +2,10 @@
 
 Steps read facts first and act only on the difference (pyinfra's habit): `plan` finds that an
 overlay is already applied and ends the run as a no-op; `restart` without a service says so.
-Steps never fan out and never render; they return `StepOutcome`s that keep their evidence.
+Each step declares the facts it `needs` and those it `gives` (`StepDef`), so `playbook.py`
+refuses an order that cannot work before any host is touched. A run keeps what preflight read
+(`Facts`, never changed afterwards) apart from what the steps produced (`Results`). Steps never
+fan out and never render; they return `StepOutcome`s that keep their evidence.
 """
 
 from __future__ import annotations
@@ -11,12 +14,12 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
-from ddtree_deploy.errors import HelperError, OverlayError, PreflightError, ProbeError, ServiceError
+from ddtree_deploy.errors import HelperError, OverlayError, PlaybookError, PreflightError, ProbeError, ServiceError
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, load_overlay, overlays_path, plan
 from ddtree_deploy.probes import LosslessProbe, ProbeSpec
@@ -27,6 +30,11 @@ from ddtree_deploy.remote.store import PruneResult, SnapshotTaken
 from ddtree_deploy.remote.transactions import ApplyResult, RestoreResult
 from ddtree_deploy.service import ServiceReport
 from ddtree_deploy.transport import Transport
+
+#: what a step can need or give: the run's overlay (the operator's input), what preflight reads, what steps make
+Fact = Literal["overlay", "fingerprint", "host_state", "plan", "reference", "snapshot", "applied", "restored",
+               "pruned", "server", "probes"]
+T = TypeVar("T")
 
 
 class StepOutcome(BaseModel):
@@ -58,17 +66,22 @@ class RunOptions(BaseModel):
     lock_ttl_s: float = 3600.0
 
 
-@dataclass
-class HostRun:
-    """Everything one playbook run learns and does on one host; steps read and fill it in order."""
+class Facts(BaseModel):
+    """What preflight read from the host before anything changed it (the facts `fingerprint` and `host_state`)."""
 
-    transport: Transport
-    options: RunOptions
-    overlay: Overlay | None = None
-    on_progress: Callable[[str, str], None] | None = None
-    fingerprint: abi.Fingerprint | None = None
-    deployed: DeployedState | None = None
-    host_state: HostState | None = None  # the `state` op's answer, as preflight read it
+    model_config = ConfigDict(frozen=True)
+
+    fingerprint: abi.Fingerprint
+    state: HostState
+
+    @property
+    def deployed(self) -> DeployedState | None:
+        return self.state.deployed
+
+
+class Results(BaseModel):
+    """What the steps produced, each field by the step that `gives` it."""
+
     plan: Plan | None = None
     reference: Reference | None = None
     snapshot: SnapshotTaken | None = None
@@ -76,8 +89,20 @@ class HostRun:
     restored: RestoreResult | None = None
     pruned: PruneResult | None = None
     server: ServiceReport | None = None
-    server_args: list[str] = field(default_factory=list)
-    probes: list[ProbeResult] = field(default_factory=list)
+    probes: list[ProbeResult] = Field(default_factory=list)
+
+
+@dataclass
+class HostRun:
+    """One playbook run on one host: its inputs, the facts preflight read, the steps' results, and its course."""
+
+    transport: Transport
+    options: RunOptions
+    overlay: Overlay | None = None
+    on_progress: Callable[[str, str], None] | None = None
+    facts: Facts | None = None  # set once, by preflight
+    results: Results = field(default_factory=Results)
+    server_args: list[str] = field(default_factory=list)  # the next start's: as last launched, planned or restored
     overlay_live: bool = False  # the overlay's files are on the host (its probes apply)
     locked: bool = False
     changed: bool = False  # a snapshot was taken: from here on, a failure rolls back
@@ -88,40 +113,58 @@ class HostRun:
     def host(self) -> HostSpec:
         return self.transport.host
 
+    @property
+    def deployed(self) -> DeployedState | None:
+        """What the host said was deployed when preflight read it (None without a preflight)."""
+        return self.facts.deployed if self.facts is not None else None
+
     def progress(self, step: str) -> None:
         if self.on_progress is not None:
             self.on_progress(self.host.name, step)
 
     def summary(self) -> dict[str, Any]:
         """The evidence a report keeps beside the step outcomes."""
+        made = self.results
         out: dict[str, Any] = {}
-        if self.plan is not None:
-            out["plan"] = {"overlay": f"{self.plan.overlay}@{self.plan.version}", "base": self.plan.base,
-                           "digest": self.plan.digest, "changes": [c.model_dump() for c in self.plan.changes]}
+        if made.plan is not None:
+            out["plan"] = {"overlay": f"{made.plan.overlay}@{made.plan.version}", "base": made.plan.base,
+                           "digest": made.plan.digest, "changes": [c.model_dump() for c in made.plan.changes]}
             if self.options.dry_run:
-                out["diff"] = self.plan.unified_diff()
-        if self.snapshot is not None:
-            out["snapshot"] = self.snapshot.id
-        if self.restored is not None:
-            out["restored"] = self.restored.model_dump()
-        if self.pruned is not None:
-            out["pruned"] = self.pruned.model_dump()
-        if self.server is not None:
-            out["server"] = self.server.model_dump(exclude={"stop"})
-        if self.probes:
-            out["probes"] = [p.model_dump() for p in self.probes]
+                out["diff"] = made.plan.unified_diff()
+        if made.snapshot is not None:
+            out["snapshot"] = made.snapshot.id
+        if made.restored is not None:
+            out["restored"] = made.restored.model_dump()
+        if made.pruned is not None:
+            out["pruned"] = made.pruned.model_dump()
+        if made.server is not None:
+            out["server"] = made.server.model_dump(exclude={"stop"})
+        if made.probes:
+            out["probes"] = [p.model_dump() for p in made.probes]
         return out
 
 
 class StepDef(BaseModel):
+    """A step: its function, its arguments' model, and its contract with the steps around it."""
+
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     fn: Callable[[HostRun, Any], StepOutcome]
     args: type[BaseModel]
+    needs: frozenset[Fact] = Field(default=frozenset(), description="facts an earlier step (or the run) must give")
+    gives: frozenset[Fact] = Field(default=frozenset(), description="facts this step makes for later steps")
 
 
 class NoArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _needed(value: T | None, step: str, fact: Fact) -> T:
+    """A fact `step` declared in its `needs`; missing only in a run no playbook checked (a bug, said plainly)."""
+    if value is None:
+        raise PlaybookError(f"step {step} needs {fact}, which no earlier step of this run gave", code="step_order",
+                            hint="play it from a playbook, which puts a step that gives it first")
+    return value
 
 
 def _ok(step: str, message: str, **details: Any) -> StepOutcome:
@@ -149,28 +192,27 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
     if args.lock and not run.options.dry_run:
         take_lock(t, run.options.lock_ttl_s)
         run.locked = True
-    run.fingerprint = abi.Fingerprint.from_helper(facts.fingerprint(t), host=run.host.name)
-    state = run.host_state = locks.state(t)
-    run.deployed = state.deployed
+    fp = abi.Fingerprint.from_helper(facts.fingerprint(t), host=run.host.name)
+    run.facts = Facts(fingerprint=fp, state=locks.state(t))
+    state, deployed = run.facts.state, run.facts.deployed
     run.server_args = list(state.launch.server_args) if state.launch else []
-    journal = state.journal
-    if journal and not args.allow_open_journal:
+    if state.journal and not args.allow_open_journal:
         raise PreflightError(
-            f"an interrupted operation left an open journal (snapshot {journal.snapshot})",
+            f"an interrupted operation left an open journal (snapshot {state.journal.snapshot})",
             host=run.host.name, code="journal_open",
             hint=f"run `ddtree-deploy rollback --host {run.host.name}` to restore that snapshot")
-    problems = abi.check_host_stack(run.host.name, run.fingerprint)
+    problems = abi.check_host_stack(run.host.name, fp)
     not_blocking = ""
     if not args.refuse_broken_stack:
         not_blocking = "".join(f"; {p.field}: {p.message} (reported, not blocking)" for p in abi.errors_of(problems))
         problems = []
     if args.check_overlay and run.overlay is not None:
-        problems += _overlay_problems(run)
+        problems += _overlay_problems(run.host.name, fp, run.overlay)
     abi.raise_problems(problems)
-    if args.check_drift and run.deployed is not None and not journal:
+    if args.check_drift and deployed is not None and not state.journal:
         _refuse_drift(run)
-    return _ok("preflight", f"{run.fingerprint.sglang_version} on torch {run.fingerprint.torch_version}"
-               + (f", {run.deployed.label} deployed" if run.deployed and run.deployed.label else "") + not_blocking)
+    return _ok("preflight", f"{fp.sglang_version} on torch {fp.torch_version}"
+               + (f", {deployed.label} deployed" if deployed and deployed.label else "") + not_blocking)
 
 
 def take_lock(t: Transport, ttl_s: float) -> None:
@@ -197,13 +239,12 @@ def _dead_local_controller(controller: LockController | None) -> bool:
     return False
 
 
-def _overlay_problems(run: HostRun) -> list[abi.AbiProblem]:
-    assert run.overlay is not None and run.fingerprint is not None
-    manifest = run.overlay.manifest
-    problems = abi.check_requires(run.host.name, run.fingerprint, manifest.requires)
+def _overlay_problems(host: str, fp: abi.Fingerprint, overlay: Overlay) -> list[abi.AbiProblem]:
+    manifest = overlay.manifest
+    problems = abi.check_requires(host, fp, manifest.requires)
     if manifest.artifacts:
-        problems += abi.select_artifacts(run.host.name, run.fingerprint, manifest.artifacts).problems
-    run.overlay.require_base(run.fingerprint.sglang_version or "none", host=run.host.name)
+        problems += abi.select_artifacts(host, fp, manifest.artifacts).problems
+    overlay.require_base(fp.sglang_version or "none", host=host)
     return problems
 
 
@@ -224,20 +265,19 @@ def _refuse_drift(run: HostRun) -> None:
 
 def plan_step(run: HostRun, args: NoArgs) -> StepOutcome:
     """Compute the writes locally from the host's file facts; end the run if nothing would change."""
-    assert run.overlay is not None and run.fingerprint is not None, "plan needs an overlay and a preflight"
-    artifacts = None
-    if run.overlay.manifest.artifacts:
-        artifacts = abi.select_artifacts(run.host.name, run.fingerprint, run.overlay.manifest.artifacts).folder
-    run.plan = plan_for_host(run.transport, run.overlay, run.fingerprint.sglang_version or "",
-                             artifacts_folder=artifacts, deployed=run.deployed)
-    run.server_args = list(run.overlay.manifest.server.args)
-    counts = _change_counts(run.plan)
-    if run.plan.noop:
+    overlay, known = _needed(run.overlay, "plan", "overlay"), _needed(run.facts, "plan", "fingerprint")
+    fp, artifacts = known.fingerprint, None
+    if overlay.manifest.artifacts:
+        artifacts = abi.select_artifacts(run.host.name, fp, overlay.manifest.artifacts).folder
+    planned = run.results.plan = plan_for_host(run.transport, overlay, fp.sglang_version or "",
+                                               artifacts_folder=artifacts, deployed=known.deployed)
+    run.server_args = list(overlay.manifest.server.args)
+    if planned.noop:
         run.finished = "noop"
-        return _noop("plan", f"{run.overlay.label} already applied; nothing to change")
+        return _noop("plan", f"{overlay.label} already applied; nothing to change")
     if run.options.dry_run:
         run.finished = "dry_run"
-    return _ok("plan", f"{run.overlay.label} on sglang {run.plan.base}: {counts}")
+    return _ok("plan", f"{overlay.label} on sglang {planned.base}: {_change_counts(planned)}")
 
 
 def plan_for_host(t: Transport, overlay: Overlay, base_version: str, *, artifacts_folder: str | None = None,
@@ -270,8 +310,8 @@ def reference(run: HostRun, args: NoArgs) -> StepOutcome:
         return _noop("reference", "no lossless probe declared")
     if run.host.service is None or not service.status(run.transport).healthy:
         return _noop("reference", "server not healthy before the push: lossless probes have no reference")
-    run.reference = record_reference(run.transport, specs)
-    return _ok("reference", f"recorded {len(run.reference.outputs)} greedy answers")
+    recorded = run.results.reference = record_reference(run.transport, specs)
+    return _ok("reference", f"recorded {len(recorded.outputs)} greedy answers")
 
 
 class SnapshotArgs(NoArgs):
@@ -280,20 +320,20 @@ class SnapshotArgs(NoArgs):
 
 def snapshot(run: HostRun, args: SnapshotArgs) -> StepOutcome:
     """Record the installed package in the host's store; from here on a failure rolls back."""
-    fp = run.fingerprint.model_dump(mode="json") if run.fingerprint else None
-    run.snapshot = store.snapshot(run.transport, args.reason, fp)
+    fp = run.facts.fingerprint.model_dump(mode="json") if run.facts else None
+    s = run.results.snapshot = store.snapshot(run.transport, args.reason, fp)
     run.changed = True
-    s = run.snapshot
     return _ok("snapshot", f"{s.id}: {s.files} files, {s.new_objects} new objects ({s.new_bytes} bytes) "
                f"in {s.seconds:.2f}s")
 
 
 def apply(run: HostRun, args: NoArgs) -> StepOutcome:
     """Apply the plan as one journaled transaction on top of the snapshot just taken."""
-    assert run.plan is not None and run.snapshot is not None, "apply needs plan and snapshot first"
-    run.applied = transactions.apply(run.transport, run.plan.helper_args(run.snapshot.id))
+    planned = _needed(run.results.plan, "apply", "plan")
+    taken = _needed(run.results.snapshot, "apply", "snapshot")
+    run.results.applied = transactions.apply(run.transport, planned.helper_args(taken.id))
     run.overlay_live = True
-    return _ok("apply", f"{run.plan.overlay}@{run.plan.version}: {_change_counts(run.plan)}")
+    return _ok("apply", f"{planned.overlay}@{planned.version}: {_change_counts(planned)}")
 
 
 # --------------------------------------------------------------------------- restore, restart, probe
@@ -305,16 +345,16 @@ class RestoreArgs(NoArgs):
 
 def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     """Put the package back exactly as a snapshot recorded it, verified by re-hashing."""
-    target = args.snapshot or run.options.to_snapshot or (run.snapshot.id if run.snapshot else None)
+    taken = run.results.snapshot
+    target = args.snapshot or run.options.to_snapshot or (taken.id if taken else None)
     if target is None and run.deployed is None and not _host_state(run).journal:
         return _noop("restore", "nothing deployed and no interrupted operation: nothing to restore")
-    if run.fingerprint is not None and not run.options.force:
-        abi.raise_problems(_snapshot_problems(run, target), code="fingerprint_changed")
+    if run.facts is not None and not run.options.force:
+        abi.raise_problems(_snapshot_problems(run, run.facts, target), code="fingerprint_changed")
     run.changed = True
-    run.restored = transactions.restore(run.transport, target)
+    r = run.results.restored = transactions.restore(run.transport, target)
     run.overlay_live = False
     restored = locks.state(run.transport).deployed
-    r = run.restored
     message = (f"restored {r.snapshot}: {len(r.restored)} files back, {len(r.removed)} removed, "
                f"{r.verified} verified" + (", open journal closed" if r.closed_journal else ""))
     try:
@@ -327,23 +367,20 @@ def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
 
 
 def _host_state(run: HostRun) -> HostState:
-    """The `state` answer preflight read (one round trip at most, also in playbooks without preflight)."""
-    if run.host_state is None:
-        run.host_state = locks.state(run.transport)
-    return run.host_state
+    """The `state` answer preflight read; read now in a playbook without preflight."""
+    return run.facts.state if run.facts is not None else locks.state(run.transport)
 
 
-def _snapshot_problems(run: HostRun, target: str | None) -> list[abi.AbiProblem]:
-    """Compare the host's fingerprint now with the one recorded in the target snapshot."""
-    assert run.fingerprint is not None
+def _snapshot_problems(run: HostRun, known: Facts, target: str | None) -> list[abi.AbiProblem]:
+    """Compare the host's fingerprint as preflight read it with the one recorded in the target snapshot."""
     listing = store.snapshots(run.transport)
-    journal = _host_state(run).journal
+    journal = known.state.journal
     target = target or (journal.snapshot if journal else None) or listing.rollback_target
     recorded = next((s.fingerprint for s in listing.snapshots if s.id == target), None)
     if not recorded:
         return []  # unknown ids are refused by the restore itself, naming the known ones
     then = abi.Fingerprint.from_helper(recorded, host=run.host.name)
-    return abi.check_snapshot_compat(run.host.name, run.fingerprint, then)
+    return abi.check_snapshot_compat(run.host.name, known.fingerprint, then)
 
 
 def _server_args_of(state: DeployedState | None, run: HostRun) -> list[str]:
@@ -365,12 +402,12 @@ def restart(run: HostRun, args: IfChangedArgs) -> StepOutcome:
         return _noop("restart", "package unchanged: server left as it is")
     if run.host.service is None:
         return _noop("restart", "no service configured: nothing restarted")
-    run.server = service.restart(run.transport, run.server_args)
-    locks.record_launch(run.transport, run.server.argv, run.server_args)
-    if not run.server.ready:
+    server = run.results.server = service.restart(run.transport, run.server_args)
+    locks.record_launch(run.transport, server.argv, run.server_args)
+    if not server.ready:
         run.healthy = False
-    run.server.raise_for_failure()
-    return _ok("restart", f"ready after {run.server.waited_s:.1f}s (pid {run.server.pid})")
+    server.raise_for_failure()
+    return _ok("restart", f"ready after {server.waited_s:.1f}s (pid {server.pid})")
 
 
 def stop(run: HostRun, args: NoArgs) -> StepOutcome:
@@ -397,15 +434,15 @@ def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
     if run.host.service is None:
         return _noop("probe", "no service configured: nothing to probe")
     specs = _probe_specs(run, with_overlay=run.overlay_live)
-    run.probes = run_probes(run.transport, specs, run.reference)
-    failed = [p for p in run.probes if not p.ok]
+    probed = run.results.probes = run_probes(run.transport, specs, run.results.reference)
+    failed = [p for p in probed if not p.ok]
     run.healthy = not failed
     if failed:
         raise ProbeError("; ".join(f"{p.name}: {p.message}" for p in failed), host=run.host.name,
-                         code="probe_failed", details={"probes": [p.model_dump() for p in run.probes]},
+                         code="probe_failed", details={"probes": [p.model_dump() for p in probed]},
                          hint=f"see `ddtree-deploy logs --host {run.host.name}`")
-    skipped = sum(1 for p in run.probes if p.status == "skipped")
-    return _ok("probe", f"{len(run.probes) - skipped} probes passed" + (f", {skipped} skipped" if skipped else ""))
+    skipped = sum(1 for p in probed if p.status == "skipped")
+    return _ok("probe", f"{len(probed) - skipped} probes passed" + (f", {skipped} skipped" if skipped else ""))
 
 
 def _probe_specs(run: HostRun, *, with_overlay: bool) -> list[ProbeSpec]:
@@ -418,8 +455,9 @@ def _probe_specs(run: HostRun, *, with_overlay: bool) -> list[ProbeSpec]:
 
 
 def _restored_own_snapshot(run: HostRun) -> bool:
-    return (run.reference is not None and run.snapshot is not None and run.restored is not None
-            and run.restored.snapshot == run.snapshot.id)
+    made = run.results
+    return (made.reference is not None and made.snapshot is not None and made.restored is not None
+            and made.restored.snapshot == made.snapshot.id)
 
 
 class PruneArgs(NoArgs):
@@ -429,7 +467,7 @@ class PruneArgs(NoArgs):
 def prune(run: HostRun, args: PruneArgs) -> StepOutcome:
     """Free the host's store: drop old snapshots and the contents only they used (never a rollback target)."""
     keep = run.options.keep_snapshots or args.keep
-    run.pruned = p = store.prune(run.transport, keep, dry_run=run.options.dry_run)
+    p = run.results.pruned = store.prune(run.transport, keep, dry_run=run.options.dry_run)
     what = f"{len(p.removed)} snapshots and {p.objects_removed} objects ({p.bytes_freed / 1e6:.1f} MB)"
     if run.options.dry_run:
         run.finished = "dry_run"
@@ -446,15 +484,21 @@ def release_lock(run: HostRun) -> None:
         run.locked = False
 
 
+def _step(fn: Callable[[HostRun, Any], StepOutcome], args: type[BaseModel], *, needs: tuple[Fact, ...] = (),
+          gives: tuple[Fact, ...] = ()) -> StepDef:
+    return StepDef(fn=fn, args=args, needs=frozenset(needs), gives=frozenset(gives))
+
+
+#: the vocabulary; what a step uses only when present (restore: the fingerprint, probe: the reference) is no need
 STEPS: dict[str, StepDef] = {
-    "preflight": StepDef(fn=preflight, args=PreflightArgs),
-    "plan": StepDef(fn=plan_step, args=NoArgs),
-    "reference": StepDef(fn=reference, args=NoArgs),
-    "snapshot": StepDef(fn=snapshot, args=SnapshotArgs),
-    "apply": StepDef(fn=apply, args=NoArgs),
-    "restore": StepDef(fn=restore, args=RestoreArgs),
-    "restart": StepDef(fn=restart, args=IfChangedArgs),
-    "probe": StepDef(fn=probe, args=IfChangedArgs),
-    "stop": StepDef(fn=stop, args=NoArgs),
-    "prune": StepDef(fn=prune, args=PruneArgs),
+    "preflight": _step(preflight, PreflightArgs, gives=("fingerprint", "host_state")),
+    "plan": _step(plan_step, NoArgs, needs=("overlay", "fingerprint", "host_state"), gives=("plan",)),
+    "reference": _step(reference, NoArgs, gives=("reference",)),
+    "snapshot": _step(snapshot, SnapshotArgs, gives=("snapshot",)),
+    "apply": _step(apply, NoArgs, needs=("plan", "snapshot"), gives=("applied",)),
+    "restore": _step(restore, RestoreArgs, gives=("restored",)),
+    "restart": _step(restart, IfChangedArgs, gives=("server",)),
+    "probe": _step(probe, IfChangedArgs, gives=("probes",)),
+    "stop": _step(stop, NoArgs),
+    "prune": _step(prune, PruneArgs, gives=("pruned",)),
 }

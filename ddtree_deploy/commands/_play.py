@@ -42,6 +42,7 @@ def run_playbook(
 
     `started`: transports already connecting (`fleet.connecting`), used instead of new ones.
     """
+    playbook.require_inputs(book, given={"overlay"} if overlay is not None else set())
     progress = _Progress(enabled=not as_json)
     # The audit line is written inside: a Ctrl-C after the hosts finished must not lose it.
     with interruptible(None if as_json else _interrupt_notice) as cancel:

@@ -12,7 +12,8 @@ from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
 
 if TYPE_CHECKING:
-    from ddtree_deploy.abi import AbiMatrix, Fingerprint, HostColumn
+    from ddtree_deploy.abi import Fingerprint
+    from ddtree_deploy.commands._abi_matrix import AbiMatrix, HostColumn
     from ddtree_deploy.transport import Transport
 
 DeepOption = Annotated[
@@ -35,7 +36,7 @@ def abi(
     inconsistent (a package pins another torch, the driver is too old for the CUDA variant, an
     import fails with --deep) or a host is unreachable.
     """
-    from ddtree_deploy.abi import build_matrix
+    from ddtree_deploy.commands._abi_matrix import build_matrix
 
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
@@ -56,7 +57,7 @@ def read_fingerprint(transport: Transport, *, deep: bool = False) -> Fingerprint
 
 
 def _columns(report: FleetReport[Fingerprint]) -> list[HostColumn]:
-    from ddtree_deploy.abi import HostColumn
+    from ddtree_deploy.commands._abi_matrix import HostColumn
 
     columns = []
     for row in report.hosts:

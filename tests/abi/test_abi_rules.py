@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from ddtree_deploy import abi
+from ddtree_deploy.commands._abi_matrix import HostColumn, build_matrix
 from ddtree_deploy.errors import AbiError, HelperError
 
 SGLANG_PINS = ["torch==2.11.0", "sglang-kernel==0.4.5", "flashinfer_python[cu13]==0.6.15.post1"]
@@ -275,10 +276,10 @@ def test_driver_table_is_ordered() -> None:
 
 
 def test_matrix_flags_differences_and_inconsistent_hosts() -> None:
-    columns = [abi.HostColumn(host="ct129", fingerprint=cu130(driver_version="570.124.06")),
-               abi.HostColumn(host="ct200", fingerprint=fingerprint()),
-               abi.HostColumn(host="ct300", error={"code": "unreachable", "message": "ct300: refused", "hint": ""})]
-    matrix = abi.build_matrix(columns)
+    columns = [HostColumn(host="ct129", fingerprint=cu130(driver_version="570.124.06")),
+               HostColumn(host="ct200", fingerprint=fingerprint()),
+               HostColumn(host="ct300", error={"code": "unreachable", "message": "ct300: refused", "hint": ""})]
+    matrix = build_matrix(columns)
     rows = {row.field: row for row in matrix.rows}
     assert rows["cuda variant"].values == {"ct129": "cu130", "ct200": "cu128", "ct300": None}
     assert rows["cuda variant"].differs and rows["torch"].differs and rows["torch.version.cuda"].differs
@@ -289,7 +290,7 @@ def test_matrix_flags_differences_and_inconsistent_hosts() -> None:
     assert (matrix.columns[0].consistent, matrix.columns[1].consistent, matrix.columns[2].consistent) == (
         False, True, False)
     assert not matrix.consistent
-    assert abi.build_matrix(columns[1:2]).consistent
+    assert build_matrix(columns[1:2]).consistent
 
 
 def test_real_h200_fingerprint() -> None:

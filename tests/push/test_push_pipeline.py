@@ -147,6 +147,23 @@ def test_an_unknown_step_is_a_load_error_before_any_host_is_touched(fleet: Fleet
     assert proc.returncode == 2 and '"playbook_invalid"' in proc.stdout and "colour" in proc.stdout
 
 
+@pytest.mark.parametrize(("text", "args", "needle"), [
+    ("steps:\n  - preflight: {}\n  - snapshot: {}\n  - apply: {}\n", (),
+     "steps[2]: step apply needs plan, which no step before it gives"),
+    ("steps:\n  - preflight: {}\n  - plan: {}\n", (), "steps[1]: step plan needs overlay, which this run does not give"),
+])
+def test_a_playbook_whose_order_cannot_work_is_refused_before_any_host_is_touched(
+        fleet: Fleet, tmp_path: Path, text: str, args: tuple[str, ...], needle: str) -> None:
+    book = tmp_path / "order.yaml"
+    book.write_text(text)
+    before = fleet.package_digest()
+    proc = fleet.cli("play", str(book), "--host", "ct200", *args)
+    assert proc.returncode == 2 and f"{book}: {needle}" in proc.stderr, proc.stderr
+    assert fleet.package_digest() == before
+    code, status = fleet.json("status")
+    assert code == 0 and host_row(status)["result"]["lock"] is None
+
+
 @pytest.mark.parametrize("point", ["journal_written", "file_written:1", "state_written"])
 def test_a_controller_killed_mid_push_leaves_a_journal_that_rollback_undoes(fleet: Fleet, tmp_path: Path,
                                                                           point: str) -> None:

@@ -37,6 +37,9 @@ def test_push_rolls_back_by_restore_restart_probe() -> None:
     ("hosts: all\nsteps: []\n", "unknown key 'hosts'"),
     ("- preflight\n", "playbook: top level must be a mapping"),
     ("name: x\n", "a playbook is a mapping with a 'steps:' list"),
+    ("steps: [snapshot, apply]\n", "steps[1]: step apply needs plan, which no step before it gives"),
+    ("steps: [plan, preflight]\n", "steps[0]: step plan needs fingerprint, which no step before it gives"),
+    ("steps: [preflight, plan, snapshot, apply]\non_failure: [apply]\n", "on_failure[0]: step apply needs plan"),
 ])
 def test_bad_playbooks_are_refused_naming_file_step_and_field(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "book.yaml"
@@ -44,6 +47,37 @@ def test_bad_playbooks_are_refused_naming_file_step_and_field(tmp_path: Path, te
     with pytest.raises(PlaybookError) as info:
         playbook.load_playbook(path)
     assert str(path) in str(info.value) and needle in str(info.value)
+
+
+def test_an_order_error_says_which_step_gives_the_missing_fact(tmp_path: Path) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text("steps: [preflight, snapshot, apply, plan]\n")
+    with pytest.raises(PlaybookError) as info:
+        playbook.load_playbook(path)
+    assert info.value.hint == "put plan before apply"
+
+
+def test_every_step_needs_only_what_some_step_or_the_run_gives() -> None:
+    given = set(playbook.RUN_INPUTS).union(*(step.gives for step in steps.STEPS.values()))
+    assert all(step.needs <= given for step in steps.STEPS.values())
+
+
+def test_a_step_needing_the_overlay_is_refused_without_one(tmp_path: Path) -> None:
+    path = tmp_path / "book.yaml"
+    path.write_text("steps: [preflight, plan]\n")
+    book = playbook.load_playbook(path)
+    playbook.require_inputs(book, given={"overlay"})
+    with pytest.raises(PlaybookError) as info:
+        playbook.require_inputs(book, given=set())
+    assert str(info.value) == f"{path}: steps[1]: step plan needs overlay, which this run does not give"
+    assert info.value.hint == "pass --overlay NAME[@VERSION]"
+
+
+def test_a_hand_built_run_missing_a_fact_is_refused_by_the_step() -> None:
+    host = HostSpec(name="h", transport="local", python="python3")
+    run = HostRun(transport=LocalTransport(host), options=RunOptions())
+    with pytest.raises(PlaybookError, match="step apply needs plan"):
+        steps.apply(run, NoArgs())
 
 
 def test_a_bare_step_name_means_no_arguments(tmp_path: Path) -> None:
