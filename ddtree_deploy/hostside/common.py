@@ -1,6 +1,7 @@
 """Shared host-side plumbing: the op context, failures, atomic writes and the state layout.
 
-State layout (DESIGN.md section 5), under `<state_base>/<env-id>/`, mode 0700:
+Also the test hook that pauses an op at a named point. State layout (DESIGN.md section 5), under
+`<state_base>/<env-id>/`, mode 0700:
 objects/, snapshots/, state.json, journal.json, lock, history.jsonl, server/.
 The env-id is derived from the real path of the environment (`sys.prefix`) and of the package
 root, so two environments on one host, or two `pip --target` folders used by one python, never mix.
@@ -8,6 +9,7 @@ root, so two environments on one host, or two `pip --target` folders used by one
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +28,22 @@ class HelperFailure(Exception):
         self.message = message
         self.hint = hint
         self.details = details
+
+
+def os_failure(exc: OSError, what: str) -> HelperFailure:
+    """A staging failure, said plainly: nothing on the host was changed."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        code, hint = "disk_full", "free space on the host (package folder and state folder) and retry"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        code, hint = "read_only", "make the folder writable for the deploying user and retry"
+    else:
+        code, hint = "os_error", "check the host's file system"
+    return HelperFailure(
+        code,
+        "%s failed, nothing was changed: %s: %s" % (what, exc.filename or "", exc.strerror),
+        hint,
+        errno=exc.errno,
+    )
 
 
 class Context:
@@ -140,3 +158,14 @@ def append_history(ctx: Context, event: Dict[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pause_point(point: str) -> None:
+    """Test hook: with DDTREE_TEST_PAUSE_AT=<point>, note our pid and sleep so a test can SIGKILL us here."""
+    if os.environ.get("DDTREE_TEST_PAUSE_AT") != point:
+        return
+    signal_file = os.environ.get("DDTREE_TEST_PAUSE_SIGNAL")
+    if signal_file:
+        with open(signal_file, "w") as f:
+            f.write(str(os.getpid()))
+    time.sleep(float(os.environ.get("DDTREE_TEST_PAUSE_S", "60")))

@@ -1,4 +1,7 @@
-"""The host lock and the `state` op: who holds the host, what is deployed, whether a journal is open."""
+"""The host lock and the `state` op: who holds the host, what is deployed, whether a journal is open.
+
+`refuse_if_busy` is what every change asks first: no open journal, and no live lock of another owner.
+"""
 
 from __future__ import annotations
 
@@ -87,6 +90,27 @@ def state(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         "history": _tail_lines(ctx.path("history.jsonl"), int(args.get("history", 5))),
         "launch": read_json(ctx.path("server", "launch.json")),
     }
+
+
+def refuse_if_busy(ctx: Context) -> None:
+    """A change refuses while a journal is open (interrupted operation) or another owner holds the lock."""
+    journal = read_json(ctx.path("journal.json"))
+    if journal is not None:
+        raise HelperFailure(
+            "journal_open",
+            "an interrupted %s (snapshot %s) left an open journal"
+            % (journal.get("op"), journal.get("snapshot")),
+            "run `ddtree-deploy rollback` to restore snapshot %s" % journal.get("snapshot"),
+            journal=journal,
+        )
+    held = read_lock(ctx)
+    if held and held.get("owner") != ctx.owner and held.get("expires", 0) > time.time():
+        raise HelperFailure(
+            "locked",
+            "host is locked by %s" % held.get("owner"),
+            "wait for that operation to finish",
+            holder=held,
+        )
 
 
 def record_launch(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:

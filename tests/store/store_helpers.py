@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.hostside import objects, store
+from ddtree_deploy.hostside import objects, store, transactions
 from ddtree_deploy.hostside.common import Context, read_json
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, plan
@@ -140,7 +140,7 @@ def push_in_process(ctx: Context, overlay: Overlay) -> tuple[Plan, str]:
     """plan -> snapshot -> apply, as the push playbook orders them; returns the plan and the snapshot id."""
     the_plan = plan_in_process(ctx, overlay)
     snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
-    store.apply(ctx, the_plan.helper_args(snap))
+    transactions.apply(ctx, the_plan.helper_args(snap))
     return the_plan, snap
 
 

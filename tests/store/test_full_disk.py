@@ -18,7 +18,7 @@ from store_helpers import (
     tree_state,
 )
 
-from ddtree_deploy.hostside import store
+from ddtree_deploy.hostside import store, transactions
 from ddtree_deploy.hostside.common import HelperFailure
 from ddtree_deploy.overlay import Overlay
 
@@ -37,7 +37,7 @@ def test_apply_on_a_full_package_disk_changes_nothing(
         fill(disk, 32 * 1024)  # server_args.py alone is ~400 KB
         before = host_snapshot(site, Path(ctx.state_dir))
         with pytest.raises(HelperFailure) as err:
-            store.apply(ctx, the_plan.helper_args(snap))
+            transactions.apply(ctx, the_plan.helper_args(snap))
         assert err.value.code == "disk_full" and "nothing was changed" in err.value.message
         assert host_snapshot(site, Path(ctx.state_dir)) == before
 
@@ -51,7 +51,7 @@ def test_restore_on_a_full_package_disk_changes_nothing(
         fill(disk, 32 * 1024)
         before = host_snapshot(site, Path(ctx.state_dir))
         with pytest.raises(HelperFailure) as err:
-            store.restore(ctx, {})
+            transactions.restore(ctx, {})
         assert err.value.code == "disk_full"
         assert host_snapshot(site, Path(ctx.state_dir)) == before
 
@@ -90,7 +90,7 @@ def test_a_read_only_package_folder_refuses_apply_and_restore_unchanged(
         (site / "sglang/stray.py").write_text("")  # something for restore to remove
         remount_ro(disk)
         before = host_snapshot(site, Path(ctx.state_dir))
-        for op, args in ((store.apply, the_plan.helper_args(snap)), (store.restore, {"snapshot": snap})):
+        for op, args in ((transactions.apply, the_plan.helper_args(snap)), (transactions.restore, {"snapshot": snap})):
             with pytest.raises(HelperFailure) as err:
                 op(ctx, args)
             assert err.value.code == "read_only", op
@@ -106,6 +106,6 @@ def test_apply_with_a_full_state_disk_changes_nothing(
         fill(disk, 0)
         before = host_snapshot(site, disk)
         with pytest.raises(HelperFailure) as err:
-            store.apply(ctx, the_plan.helper_args(snap))
+            transactions.apply(ctx, the_plan.helper_args(snap))
         assert err.value.code == "disk_full"
         assert host_snapshot(site, disk) == before

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from store_helpers import folder_listing, run_and_kill, stored_objects, tree_state
 
-from ddtree_deploy.hostside import common, objects, store
+from ddtree_deploy.hostside import common, objects, store, transactions
 from ddtree_deploy.hostside.common import Context, HelperFailure
 
 SERVER_ARGS = "sglang/srt/server_args.py"
@@ -55,7 +55,7 @@ def test_rollback_from_a_cold_snapshots_pack_is_bit_exact(full_ctx: Context, ful
     for rel in removed:
         (full_site / rel).unlink()
     (full_site / SERVER_ARGS).write_text("edited\n")
-    result = store.restore(full_ctx, {"snapshot": snap["id"]})
+    result = transactions.restore(full_ctx, {"snapshot": snap["id"]})
     assert len(result["restored"]) == len(removed) + 1 > 300
     assert tree_state(full_site) == pristine
 
@@ -183,7 +183,7 @@ def test_a_corrupt_stored_byte_is_refused_on_restore_and_changes_nothing(
     (site / SPEC_INFO).unlink()
     before, listing = tree_state(site), folder_listing(Path(ctx.state_dir))
     with pytest.raises(HelperFailure) as err:
-        store.restore(ctx, {"snapshot": snap})
+        transactions.restore(ctx, {"snapshot": snap})
     assert err.value.code == "object_corrupt"
     assert tree_state(site) == before and folder_listing(Path(ctx.state_dir)) == listing  # no journal either
     with pytest.raises(HelperFailure) as err:  # a plan reading the recorded content is refused too
@@ -244,9 +244,9 @@ def test_a_snapshot_killed_mid_pack_leaves_a_valid_store_that_prune_cleans(
     edited = tree_state(site)
     second = store.snapshot(ctx, {"reason": "again"})
     assert second["new_objects"] == 2
-    store.restore(ctx, {"snapshot": first})
+    transactions.restore(ctx, {"snapshot": first})
     assert tree_state(site) == pristine
-    store.restore(ctx, {"snapshot": second["id"]})
+    transactions.restore(ctx, {"snapshot": second["id"]})
     assert tree_state(site) == edited
     pruned = store.prune(ctx, {"keep": 5})
     assert pruned["objects_removed"] == 0 and pruned["bytes_freed"] > 0  # the killed run's temp pack
@@ -281,7 +281,7 @@ def test_prune_deletes_an_unused_pack_and_rewrites_a_partly_used_one(
 
     for rel in (SERVER_ARGS, SPEC_INFO, VERSION):
         (site / rel).unlink()
-    store.restore(ctx, {"snapshot": newest})
+    transactions.restore(ctx, {"snapshot": newest})
     assert tree_state(site) == at_newest
 
 
@@ -297,7 +297,7 @@ def test_prune_killed_after_rewriting_a_pack_keeps_every_object_and_the_next_pru
     assert len(stored_objects(ctx)) == 3  # the old pack A, its rewrite A' and pack B: nothing lost
 
     (site / SERVER_ARGS).unlink()
-    store.restore(ctx, {"snapshot": newest})
+    transactions.restore(ctx, {"snapshot": newest})
     assert tree_state(site) == at_newest
     done = store.prune(ctx, {"keep": 1})
     assert done["removed"] == [] and done["objects_removed"] == 1  # the old server_args.py, still in A

@@ -19,7 +19,7 @@ from store_helpers import (
     tree_state,
 )
 
-from ddtree_deploy.hostside import objects, store
+from ddtree_deploy.hostside import drift, objects, package, store, transactions
 from ddtree_deploy.hostside.common import Context, HelperFailure, read_json
 from ddtree_deploy.overlay import Overlay
 
@@ -33,7 +33,7 @@ MINI_V2 = "sglang/srt/speculative/mini_v2.py"
 def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record every file the helper reads to hash it (a snapshot's scan reads through its Collector)."""
     calls: list[str] = []
-    real_hash, real_collect = store.hash_file, objects.Collector.hash
+    real_hash, real_collect = objects.hash_file, objects.Collector.hash
 
     def counting(path: str) -> str:
         calls.append(path)
@@ -43,7 +43,8 @@ def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(path)
         return real_collect(self, path, st)
 
-    monkeypatch.setattr(store, "hash_file", counting)
+    for module in (package, transactions):
+        monkeypatch.setattr(module, "hash_file", counting)
     monkeypatch.setattr(objects.Collector, "hash", collecting)
     return calls
 
@@ -91,7 +92,7 @@ def test_stat_cache_notices_a_same_size_rewrite_with_its_mtime_put_back(ctx: Con
     snap = store.snapshot(ctx, {"reason": "second"})
     manifest = read_json(ctx.path("snapshots", snap["id"] + ".json"))
     assert snap["new_objects"] == 1
-    assert manifest["files"][SPEC_INFO]["sha256"] == store.hash_file(str(target))
+    assert manifest["files"][SPEC_INFO]["sha256"] == objects.hash_file(str(target))
 
 
 def test_push_then_restore_is_bit_exact_and_pushing_twice_writes_nothing(
@@ -105,7 +106,7 @@ def test_push_then_restore_is_bit_exact_and_pushing_twice_writes_nothing(
     assert MINI_UTILS in listed and not wrong, wrong
     assert b"MINI_OVERLAY = True" in (site / SERVER_ARGS).read_bytes()
     assert (site / MINI_UTILS).read_bytes() == (mini("0.1.0").root / "files" / MINI_UTILS).read_bytes()
-    assert store.verify(ctx, {})["clean"]
+    assert drift.verify(ctx, {})["clean"]
     state = read_json(ctx.path("state.json"))
     assert (state["overlay"], state["version"], state["snapshot"]) == ("mini", "0.1.0", snap)
 
@@ -114,7 +115,7 @@ def test_push_then_restore_is_bit_exact_and_pushing_twice_writes_nothing(
     assert again.noop and again.digest == the_plan.digest and sorted(again.unchanged) == sorted(the_plan.files)
     assert tree_state(site) == deployed_tree and folder_listing(Path(ctx.state_dir)) == state_files
 
-    restored = store.restore(ctx, {})
+    restored = transactions.restore(ctx, {})
     assert restored["snapshot"] == snap and restored["removed"] == [MINI_UTILS]
     assert tree_state(site) == pristine
     assert read_json(ctx.path("state.json"))["overlay"] is None
@@ -134,16 +135,16 @@ def test_upgrade_reverts_what_the_new_version_drops_and_rollback_returns_to_the_
     listed, wrong = pip_listing(site)  # RECORD lists what 0.2.0 created, with every hash up to date
     assert {MINI_V2, MINI_UTILS} <= listed and not wrong, wrong
     assert tree_state(site)[SERVER_ARGS] == pristine[SERVER_ARGS]
-    assert store.verify(ctx, {})["clean"]
+    assert drift.verify(ctx, {})["clean"]
     assert read_json(ctx.path("state.json"))["base_snapshot"] == base_snap
 
-    store.restore(ctx, {})  # default: the snapshot taken before this push
+    transactions.restore(ctx, {})  # default: the snapshot taken before this push
     assert tree_state(site) == on_010
-    assert read_json(ctx.path("state.json"))["version"] == "0.1.0" and store.verify(ctx, {})["clean"]
-    store.restore(ctx, {"snapshot": base_snap})
+    assert read_json(ctx.path("state.json"))["version"] == "0.1.0" and drift.verify(ctx, {})["clean"]
+    transactions.restore(ctx, {"snapshot": base_snap})
     assert tree_state(site) == pristine and pre_upgrade != base_snap
     _, again = push_in_process(ctx, mini("0.1.0"))
-    store.restore(ctx, {})  # a snapshot without overlay becomes its own base and rollback target
+    transactions.restore(ctx, {})  # a snapshot without overlay becomes its own base and rollback target
     state = read_json(ctx.path("state.json"))
     assert (state["overlay"], state["snapshot"], state["base_snapshot"]) == (None, again, again)
 
@@ -154,17 +155,17 @@ def test_drift_is_reported_file_by_file(ctx: Context, site: Path, mini: Callable
     (site / MINI_UTILS).unlink()
     (site / "sglang/stray.py").write_text("x = 1\n")
     os.chmod(site / "sglang/__init__.py", 0o600)
-    report = store.verify(ctx, {})
+    report = drift.verify(ctx, {})
     assert not report["clean"]
     assert {d["path"]: d["kind"] for d in report["files"]} == {
         "sglang-0.5.17.dist-info/METADATA": "modified", MINI_UTILS: "missing", "sglang/stray.py": "added",
         "sglang/__init__.py": "mode"}
     # What `status` asks: the overlay's own files only (METADATA, stray.py and __init__.py are not its files)
-    own = store.verify(ctx, {"overlay_only": True})
+    own = drift.verify(ctx, {"overlay_only": True})
     assert {d["path"]: d["kind"] for d in own["files"]} == {MINI_UTILS: "missing"}
     assert own["checked"] == len(read_json(ctx.path("state.json"))["files"]) and not own["clean"]
     os.chmod(site / SERVER_ARGS, 0o600)
-    assert {d["path"]: d["kind"] for d in store.verify(ctx, {"overlay_only": True})["files"]} == {
+    assert {d["path"]: d["kind"] for d in drift.verify(ctx, {"overlay_only": True})["files"]} == {
         MINI_UTILS: "missing", SERVER_ARGS: "mode"}
 
 
@@ -177,9 +178,9 @@ def test_restore_restores_modes_and_removes_new_folders(ctx: Context, site: Path
     (site / "sglang/newpkg/deeper/x.py").write_text("")
     (site / SPEC_INFO).unlink()
     with pytest.raises(HelperFailure) as err:  # nothing deployed, no journal: the target must be named
-        store.restore(ctx, {})
+        transactions.restore(ctx, {})
     assert err.value.code == "no_snapshot"
-    result = store.restore(ctx, {"snapshot": snap})
+    result = transactions.restore(ctx, {"snapshot": snap})
     assert result["restored"] == [SPEC_INFO] and result["removed"] == ["sglang/newpkg/deeper/x.py"]
     assert tree_state(site) == pristine
 
@@ -189,7 +190,7 @@ def test_unknown_snapshot_id_is_refused_naming_known_ones(ctx: Context, site: Pa
     before = tree_state(site)
     for bad in ("20990101T000000Z-deadbeef", "../../etc/passwd"):
         with pytest.raises(HelperFailure) as err:
-            store.restore(ctx, {"snapshot": bad})
+            transactions.restore(ctx, {"snapshot": bad})
         assert err.value.code == "unknown_snapshot"
     assert snap["id"] in err.value.hint or snap["id"] in str(store.snapshots(ctx, {}))
     assert tree_state(site) == before and not os.path.exists(ctx.path("journal.json"))
@@ -222,7 +223,7 @@ def test_apply_refuses_files_changed_since_the_plan_and_changes_nothing(
         f.write("# someone else\n")
     before, state_before = tree_state(site), folder_listing(Path(ctx.state_dir))
     with pytest.raises(HelperFailure) as err:
-        store.apply(ctx, the_plan.helper_args(snap))
+        transactions.apply(ctx, the_plan.helper_args(snap))
     assert err.value.code == "preimage_changed" and SPEC_INFO in err.value.message
     assert tree_state(site) == before and folder_listing(Path(ctx.state_dir)) == state_before
 
@@ -241,10 +242,10 @@ def test_apply_refuses_a_snapshot_that_does_not_record_the_files_now(
     store.snapshot(ctx, {"reason": "new"})
     args = the_plan.helper_args(old)
     (site / MINI_UTILS).write_text("")  # a file created after snapshot `old`
-    args["changes"] = [dict(c, action="write", expect=store.hash_file(str(site / MINI_UTILS)))
+    args["changes"] = [dict(c, action="write", expect=objects.hash_file(str(site / MINI_UTILS)))
                        if c["path"] == MINI_UTILS else c for c in args["changes"]]
     with pytest.raises(HelperFailure) as refused:
-        store.apply(ctx, args)
+        transactions.apply(ctx, args)
     assert refused.value.code == "snapshot_stale" and MINI_UTILS in refused.value.message
 
 
@@ -252,12 +253,12 @@ def test_changes_refuse_while_a_journal_is_open(ctx: Context, site: Path, mini: 
     the_plan = plan_in_process(ctx, mini("0.1.0"))
     snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
     Path(ctx.path("journal.json")).write_text(json.dumps({"op": "apply", "snapshot": snap, "paths": []}))
-    for op, args in ((store.snapshot, {"reason": "x"}), (store.apply, the_plan.helper_args(snap))):
+    for op, args in ((store.snapshot, {"reason": "x"}), (transactions.apply, the_plan.helper_args(snap))):
         with pytest.raises(HelperFailure) as err:
             op(ctx, args)
         assert err.value.code == "journal_open" and snap in err.value.hint
-    assert store.verify(ctx, {})["journal"]["snapshot"] == snap
-    store.restore(ctx, {})
+    assert drift.verify(ctx, {})["journal"]["snapshot"] == snap
+    transactions.restore(ctx, {})
     assert not os.path.exists(ctx.path("journal.json"))
 
 
@@ -280,10 +281,10 @@ def test_symlinks_inside_the_package_are_recorded_and_restored(ctx: Context, sit
     assert read_json(ctx.path("snapshots", snap + ".json"))["files"]["sglang/alias.py"]["link"] == "version.py"
     (site / "sglang/alias.py").unlink()
     (site / "sglang/alias.py").write_text("now a file\n")
-    assert store.restore(ctx, {"snapshot": snap})["restored"] == ["sglang/alias.py"]
+    assert transactions.restore(ctx, {"snapshot": snap})["restored"] == ["sglang/alias.py"]
     assert (tree_state(site) | {"link": os.readlink(site / "sglang/alias.py")}) == pristine
     with pytest.raises(HelperFailure) as err:  # apply never writes through a symlink
-        store.apply(ctx, {"changes": [{"path": "sglang/alias.py", "action": "write", "expect": None,
+        transactions.apply(ctx, {"changes": [{"path": "sglang/alias.py", "action": "write", "expect": None,
                                        "sha256": "0" * 64, "content": ""}],
                           "state": {"snapshot": snap, "base_snapshot": snap}})
     assert err.value.code == "path_is_symlink"
@@ -298,7 +299,7 @@ def test_malformed_apply_requests_are_refused_before_anything_is_written(
         ctx: Context, changes: list[dict[str, str]], code: str) -> None:
     snap = store.snapshot(ctx, {"reason": "r"})["id"]
     with pytest.raises(HelperFailure) as err:
-        store.apply(ctx, {"changes": changes, "state": {"snapshot": snap, "base_snapshot": snap}})
+        transactions.apply(ctx, {"changes": changes, "state": {"snapshot": snap, "base_snapshot": snap}})
     assert err.value.code == code
     assert not os.path.exists(ctx.path("journal.json"))
 
@@ -314,8 +315,8 @@ def test_bytecode_of_replaced_modules_is_dropped_and_never_snapshotted(
     (cache / "server_args.cpython-311.pyc").write_bytes(b"compiled from the overlay")
     snap = store.snapshot(ctx, {"reason": "r"})["id"]
     assert not [p for p in read_json(ctx.path("snapshots", snap + ".json"))["files"] if "__pycache__" in p]
-    assert store.verify(ctx, {})["clean"]
-    store.restore(ctx, {})
+    assert drift.verify(ctx, {})["clean"]
+    transactions.restore(ctx, {})
     assert sorted(p.name for p in cache.iterdir()) == ["constants.cpython-311.pyc"]
 
 
@@ -339,9 +340,9 @@ def test_prune_keeps_the_newest_and_what_rollback_needs_and_frees_the_rest(
     assert not any(os.path.exists(ctx.path("snapshots", f"{i}.json")) for i in extra[:2])
     assert object_count(ctx) == before - done["objects_removed"]
 
-    store.restore(ctx, {})  # rollback still undoes the deployed overlay, then the base is there too
+    transactions.restore(ctx, {})  # rollback still undoes the deployed overlay, then the base is there too
     assert tree_state(site) == on_010
-    store.restore(ctx, {"snapshot": base_snap})
+    transactions.restore(ctx, {"snapshot": base_snap})
     assert tree_state(site) == pristine
     assert store.prune(ctx, {"keep": 5})["removed"] == []
 
@@ -362,7 +363,7 @@ def test_prune_removes_the_objects_only_pruned_snapshots_used(ctx: Context, site
     assert sorted(sha for shas in stored_objects(ctx).values() for sha in shas) == sorted(kept)
     (site / SPEC_INFO).unlink()
     (site / SERVER_ARGS).write_bytes(b"")
-    store.restore(ctx, {"snapshot": newest})  # every object the kept snapshot needs is still there
+    transactions.restore(ctx, {"snapshot": newest})  # every object the kept snapshot needs is still there
     assert tree_state(site) == at_newest
 
 
@@ -394,8 +395,8 @@ def test_a_restored_file_changed_before_the_check_keeps_the_journal_open(
             with open(site / SERVER_ARGS, "ab") as f:
                 f.write(b"# edited during the restore\n")
 
-    monkeypatch.setattr(store, "pause_point", meddle)
+    monkeypatch.setattr(transactions, "pause_point", meddle)
     with pytest.raises(HelperFailure) as err:
-        store.restore(ctx, {})
+        transactions.restore(ctx, {})
     assert err.value.code == "restore_unverified" and SERVER_ARGS in err.value.message
     assert read_json(ctx.path("journal.json"))["op"] == "restore"

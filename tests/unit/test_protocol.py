@@ -61,3 +61,11 @@ def test_a_refusal_keeps_its_code() -> None:
     assert refused.refusal == "locked" and _answered({}).refusal is None
     with pytest.raises(HelperError, match="held"):
         refused.parsed(HostState)
+
+
+def test_every_helper_module_is_shipped_to_the_host() -> None:
+    from ddtree_deploy.transport import hostside_modules
+
+    shipped = set(hostside_modules())
+    assert shipped == {m.name for m in pkgutil.iter_modules(hostside.__path__)} - {"bootstrap"}
+    assert {"package", "store", "transactions", "drift"} <= shipped

@@ -1,0 +1,98 @@
+"""Drift: the installed files compared with what state.json says should be there (the `verify` op).
+
+The expected package is the base snapshot with the deployed overlay's post-images over it; a
+quick check (`overlay_only`, what `status` asks) re-hashes only the overlay's own files.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Tuple
+
+from .common import Context, read_json
+from .package import Entry, StatCache, checked_path, path_entry, scan, sha_of_file
+from .store import load_manifest, overlay_label
+
+
+def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
+    """Installed files versus what state.json says should be there (base snapshot + overlay post-images).
+
+    + deep: re-hash every file; overlay_only: check only the deployed overlay's own files (what
+      `status` asks: a few files, no walk of the package).
+    """
+    state = read_json(ctx.path("state.json")) or {}
+    if not state.get("base_snapshot"):
+        state = {}  # nothing was ever deployed or restored: nothing to compare against
+    if args.get("overlay_only"):
+        expected, current, checked = compared_overlay(ctx, state)
+    else:
+        expected, current, checked = compared_package(ctx, state, bool(args.get("deep")))
+    drift = [
+        d
+        for d in (
+            compare(rel, expected.get(rel), current.get(rel)) for rel in sorted(set(expected) | set(current))
+        )
+        if d
+    ]
+    return {
+        "baseline": state.get("base_snapshot"),
+        "overlay": overlay_label(state),
+        "clean": not drift,
+        "files": drift,
+        "checked": checked,
+        "journal": read_json(ctx.path("journal.json")),
+    }
+
+
+Compared = Tuple[Dict[str, Optional[Entry]], Dict[str, Entry], int]  # expected, found, how many paths were read
+
+
+def compared_package(ctx: Context, state: Dict[str, Any], deep: bool) -> Compared:
+    """Every file of the package, against the base snapshot with the overlay's post-images over it."""
+    if not state:
+        return {}, {}, 0
+    expected: Dict[str, Optional[Entry]] = dict(load_manifest(ctx, state["base_snapshot"])["files"])
+    for rel, post in (state.get("files") or {}).items():
+        if post is None:
+            expected.pop(rel, None)
+        else:
+            expected[rel] = post
+    cache = StatCache(ctx)
+    current, _ = scan(ctx, cache, rehash=tuple(expected) if deep else ())
+    if os.path.isdir(ctx.path("snapshots")):
+        cache.save(ctx)
+    return expected, current, len(current)
+
+
+def compared_overlay(ctx: Context, state: Dict[str, Any]) -> Compared:
+    """The deployed overlay's own files alone (none when nothing is deployed), each re-hashed."""
+    expected: Dict[str, Optional[Entry]] = (state.get("files") or {}) if state.get("overlay") else {}
+    current = {}
+    for rel in expected:
+        found = path_entry(checked_path(ctx, rel), sha_of_file)
+        if found is not None:
+            current[rel] = found
+    return expected, current, len(expected)
+
+
+def compare(rel: str, want: Optional[Entry], have: Optional[Entry]) -> Optional[Dict[str, Any]]:
+    if want == have or (
+        want and have and want["sha256"] == have["sha256"] and want.get("mode") in (None, have["mode"])
+    ):
+        return None
+    if want is None:
+        kind = "added"
+    elif have is None:
+        kind = "missing"
+    elif want["sha256"] != have["sha256"]:
+        kind = "modified"
+    else:
+        kind = "mode"
+    return {"path": rel, "kind": kind, "expected": brief(want), "actual": brief(have)}
+
+
+def brief(entry: Optional[Entry]) -> Optional[Dict[str, Any]]:
+    return None if entry is None else {"sha256": entry["sha256"], "mode": entry.get("mode")}
+
+
+OPS = {"verify": verify}
