@@ -1,4 +1,4 @@
-"""Probes: what must hold after a restart (health, config, losslessness, metrics), as overlays and the inventory declare it.
+"""Probes: what must hold after a restart (health, config, losslessness, metrics), as declared.
 
 A `ProbeSpec` is one entry of an overlay manifest's or an inventory host's `probes:` list, validated
 when that file loads; `probing.py` runs them against a host's server. Nothing here touches a host.

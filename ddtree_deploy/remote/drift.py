@@ -30,13 +30,6 @@ class DriftReport(BaseModel):
     files: list[DriftEntry] = Field(default_factory=list)
     journal_open: bool = False
 
-    def summary(self) -> str:
-        if self.clean:
-            return f"{self.host}: no drift ({self.checked} files checked)"
-        listed = ", ".join(f"{d.path} ({d.kind})" for d in self.files[:5])
-        more = f" and {len(self.files) - 5} more" if len(self.files) > 5 else ""
-        return f"{self.host}: {len(self.files)} files drifted: {listed}{more}"
-
 
 class _Verified(BaseModel):
     baseline: str | None
