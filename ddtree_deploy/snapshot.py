@@ -2,7 +2,7 @@
 
 Each function takes a `Transport` to one host and returns a pydantic model (or raises the
 `DeployError` the helper's refusal maps to). The host side is `hostside/store.py`; the plan itself
-is computed by `overlay.plan()`, and `plan_for_host()` fetches the facts it needs in one call.
+is computed by `plan.plan()`, and `plan_for_host()` fetches the facts it needs in one call.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ddtree_deploy.errors import HelperError, UsageError
-from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, plan
+from ddtree_deploy.overlay import Overlay
+from ddtree_deploy.plan import HostFile, Plan, facts_needed, plan
 from ddtree_deploy.transport import Transport
 
 
@@ -158,7 +159,7 @@ def read_host_files(t: Transport, paths: list[str], *, snapshot: str | None = No
 
 def plan_for_host(t: Transport, overlay: Overlay, base_version: str, *, artifacts_folder: str | None = None,
                   deployed: DeployedState | None = None) -> Plan:
-    """Fetch the facts `overlay.plan` needs from the host (one call) and compute the plan.
+    """Fetch the facts `plan.plan` needs from the host (one call) and compute the plan.
 
     With an overlay deployed, its base snapshot supplies the pristine bytes to patch, and the
     paths it owns but `overlay` does not are reverted. A deployed record made on another sglang

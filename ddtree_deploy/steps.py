@@ -17,9 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
 from ddtree_deploy import snapshot as snapshot_ops
+from ddtree_deploy.catalog import load_overlay, overlays_path
 from ddtree_deploy.errors import HelperError, OverlayError, PreflightError, ProbeError, ServiceError
 from ddtree_deploy.inventory import HostSpec
-from ddtree_deploy.overlay import Overlay, Plan, load_overlay, overlays_path
+from ddtree_deploy.overlay import Overlay
+from ddtree_deploy.plan import Plan
 from ddtree_deploy.probes import LosslessProbe, ProbeResult, ProbeSpec, Reference, record_reference, run_probes
 from ddtree_deploy.service import ServiceReport
 from ddtree_deploy.snapshot import ApplyResult, DeployedState, PruneResult, RestoreResult, SnapshotTaken

@@ -9,11 +9,11 @@ import typer
 
 from ddtree_deploy import output as out
 from ddtree_deploy import playbook
+from ddtree_deploy.catalog import load_overlay, overlays_path
 from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.commands.push import OverlaysDirOption
 from ddtree_deploy.fleet import FleetOptions
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.overlay import load_overlay, overlays_path
 from ddtree_deploy.steps import RunOptions
 
 

@@ -13,7 +13,9 @@ import stat
 import sys
 from pathlib import Path
 
-from ddtree_deploy.overlay import HostFile, facts_needed, load_overlay, plan, pristine_release
+from ddtree_deploy.catalog import load_overlay
+from ddtree_deploy.plan import HostFile, facts_needed, plan
+from ddtree_deploy.pristine import pristine_release
 
 REPO = Path(__file__).resolve().parents[2]
 DIGESTS = Path(__file__).with_name("plan_digests.json")

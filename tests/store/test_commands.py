@@ -15,10 +15,10 @@ from store_helpers import OVERLAYS, local_transport, tree_state
 from typer.testing import CliRunner
 
 from ddtree_deploy import snapshot
+from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.commands import diff, overlay, snapshots
 from ddtree_deploy.errors import PreflightError, UsageError
 from ddtree_deploy.output import ExitCode, exit_code_for
-from ddtree_deploy.overlay import load_overlay
 
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"
 

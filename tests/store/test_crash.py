@@ -12,8 +12,9 @@ import pytest
 from store_helpers import OVERLAYS, local_transport, run_and_kill, tree_state
 
 from ddtree_deploy import snapshot
+from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.errors import HelperError
-from ddtree_deploy.overlay import Plan, load_overlay
+from ddtree_deploy.plan import Plan
 from ddtree_deploy.transport import LocalTransport
 
 # mini@0.1.0 writes 3 files: server_args.py, spec_info.py (patched), mini_utils.py (created)
