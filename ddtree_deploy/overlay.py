@@ -24,6 +24,8 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -100,12 +102,18 @@ class OverlayManifest(_Strict):
         doubled = set(self.files) & self.patched_paths()
         if doubled:
             raise ValueError(f"{min(doubled)} is both a whole file and a patched file")
-        if self.drops and self.inherits is None:
-            raise ValueError("drops needs inherits: a version without a parent has nothing to drop")
-        shipped = sorted(set(self.drops) & (set(self.files) | self.patched_paths()))
-        if shipped:
-            raise ValueError(f"{shipped[0]} is both dropped and shipped")
         return self
+
+    @field_validator("drops")
+    @classmethod
+    def _drops(cls, drops: list[str], info: ValidationInfo) -> list[str]:
+        if drops and info.data.get("inherits") is None:
+            raise ValueError("needs inherits: a version without a parent has nothing to drop")
+        shipped = set(info.data.get("files", [])) | {p for per in info.data.get("patches", {}).values() for p in per}
+        both = sorted(set(drops) & shipped)
+        if both:
+            raise ValueError(f"{both[0]} is both dropped and shipped")
+        return drops
 
     def patched_paths(self) -> set[str]:
         return {p for per in self.patches.values() for p in per}
