@@ -25,7 +25,8 @@ FOLDERS = ["overlays", "sandbox/overlays", *sorted(p.relative_to(REPO).as_posix(
                                                    for p in REPO.glob("tests/*/overlays"))]
 
 
-def _pristine_facts(release: Path, path: str) -> HostFile:
+def pristine_facts(release: Path, path: str) -> HostFile:
+    """`path` as a host holding the pristine release describes it, content included."""
     file = release / path
     if not file.is_file():
         return HostFile(exists=False)
@@ -38,7 +39,7 @@ def landed(folder: Path, spec: str, release: Path) -> dict[str, object]:
     """The plan's digest (recorded in the host's state) and `path: "<action> <mode> <sha256>"` for every
     change a push of `spec` makes on the pristine release (pip's RECORD among them)."""
     overlay = load_overlay(spec, folder)
-    facts = {path: _pristine_facts(release, path) for path in facts_needed(overlay, BASE)}
+    facts = {path: pristine_facts(release, path) for path in facts_needed(overlay, BASE)}
     result = plan(overlay, BASE, facts)
     files = {c.path: f"{c.action} {c.mode:o} {c.after}" for c in result.changes if c.mode is not None}
     return {"plan_digest": result.digest, "files": files}

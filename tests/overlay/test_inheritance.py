@@ -3,9 +3,7 @@ and every way to get it wrong is one line naming the file and the field."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
-import stat
 from pathlib import Path
 
 import pytest
@@ -13,8 +11,9 @@ import pytest
 from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.errors import OverlayError
 from ddtree_deploy.overlay import Overlay, export, read_overlay
-from ddtree_deploy.plan import HostFile, Plan, facts_needed, plan
+from ddtree_deploy.plan import Plan, facts_needed, plan
 from ddtree_deploy.pristine import pristine_release
+from tests.overlay.plan_digests import BASE, pristine_facts
 
 MINI = Path(__file__).resolve().parents[1] / "store" / "overlays" / "mini"
 SERVER_ARGS = "sglang/srt/server_args.py"
@@ -50,14 +49,8 @@ def refused(root: Path) -> str:
 
 
 def pristine_plan(overlay: Overlay) -> Plan:
-    release = pristine_release("0.5.17")
-    facts = {}
-    for path in facts_needed(overlay, "0.5.17"):
-        file = release / path
-        data = file.read_bytes() if file.is_file() else None
-        facts[path] = HostFile(exists=False) if data is None else HostFile(
-            exists=True, sha256=hashlib.sha256(data).hexdigest(), mode=stat.S_IMODE(file.stat().st_mode), content=data)
-    return plan(overlay, "0.5.17", facts)
+    release = pristine_release(BASE)
+    return plan(overlay, BASE, {path: pristine_facts(release, path) for path in facts_needed(overlay, BASE)})
 
 
 def test_a_child_resolves_its_parents_files_patches_and_fields(mini: Path) -> None:
@@ -162,3 +155,21 @@ def test_an_exported_version_stands_alone_and_lands_the_same_bytes(mini: Path, t
         c.model_dump() for c in theirs.changes]
     with pytest.raises(OverlayError, match="exists and is not an empty folder"):
         export(overlay, target)
+
+
+def test_artifacts_are_inherited_per_cuda_variant(mini: Path) -> None:
+    ext = "sglang/srt/speculative/mini_ext.so"
+    built = f"artifacts:\n  cu128: {{torch: 2.11.0, files: [{ext}]}}\n"
+    first = child(mini, "0.3.0", built)
+    write(first / "files-cu128" / ext, "built against 2.11.0\n")
+    later = child(mini, "0.4.0", "", parent="0.3.0")
+    overlay = read_overlay(later)
+    assert overlay.source_of(ext, "files-cu128") == first / "files-cu128" / ext
+    assert overlay.touched("0.5.17", "files-cu128") == [ext, MINI_UTILS, MINI_V2, SPEC_INFO]
+    rebuilt = child(mini, "0.5.0", built.replace("2.11.0", "2.11.1"), parent="0.4.0")
+    write(rebuilt / "files-cu128" / ext, "built against 2.11.1\n")
+    overlay = read_overlay(rebuilt)
+    assert overlay.source_of(ext, "files-cu128") == rebuilt / "files-cu128" / ext
+    assert overlay.manifest.artifacts["cu128"].torch == "2.11.1"
+    write(rebuilt / "files-cu128" / ext, "built against 2.11.0\n")
+    assert f"field artifacts.cu128: files-cu128/{ext} is a byte copy" in refused(rebuilt)

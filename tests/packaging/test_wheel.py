@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from sandbox.fleet import REPO, build_fleet
-from sandbox.hosts import package_files
+from tests.push.conftest import Fleet
 
 BUILD_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist", ".*_cache", ".venv",
                                       "sandbox-fleet", ".benchmarks")
@@ -76,14 +75,6 @@ def tool(venv: Path, outside: Path, *args: str, inventory: Path | None = None) -
     return proc.returncode, json.loads(proc.stdout)
 
 
-def package_digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for path in package_files(root):
-        h.update(f"{path.relative_to(root)}\0{path.lstat().st_mode}\0".encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
 def test_the_wheel_ships_every_module_overlay_file_and_playbook(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     modules = {p.relative_to(REPO).as_posix() for p in (REPO / "ddtree_deploy").rglob("*.py")}
@@ -103,10 +94,11 @@ def test_from_outside_the_checkout_it_lists_pushes_and_rolls_back(venv: Path, ou
     chain = {row["version"]: row["inherits"] for row in listed["data"]["overlays"] if row["name"] == "ddtree"}
     assert chain == {"0.1.0": None, "0.2.0": "0.1.0", "0.2.1": "0.2.0", "0.2.2": "0.2.1"}
 
-    package_root = Path(yaml.safe_load(host_fleet.read_text())["hosts"]["ct200"]["package_root"])
+    fleet = Fleet(root=outside, inventory=host_fleet, overlays=outside, env={})
+    package_root = fleet.package_root
     assert tool(venv, outside, "restart", "--all", inventory=host_fleet)[0] == 0
     try:
-        before = package_digest(package_root)
+        before = fleet.package_digest()
         code, pushed = tool(venv, outside, "push", "--host", "ct200", inventory=host_fleet)
         (row,) = pushed["data"]["hosts"]
         assert code == 0 and row["result"]["outcome"] == "ok", row
@@ -116,6 +108,6 @@ def test_from_outside_the_checkout_it_lists_pushes_and_rolls_back(venv: Path, ou
                 assert hashlib.sha256((package_root / path).read_bytes()).hexdigest() == change.split()[-1], path
         code, rolled = tool(venv, outside, "rollback", "--host", "ct200", inventory=host_fleet)
         assert code == 0 and rolled["data"]["hosts"][0]["result"]["outcome"] == "ok", rolled
-        assert package_digest(package_root) == before
+        assert fleet.package_digest() == before
     finally:
         tool(venv, outside, "stop", "--all", inventory=host_fleet)
