@@ -36,7 +36,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import signal
 import statistics
@@ -52,7 +51,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from ddtree_deploy import forkserver
 from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.overlay import export
 from ddtree_deploy.plan import apply_patch
@@ -79,7 +77,6 @@ class Timing(BaseModel):
     seconds: float
     load_1m: float = 0.0  # the machine's load average when it ended: the 2 cores are shared
     steps_s: dict[str, float] = {}  # ddtree-deploy only: each step's slowest host
-    served: bool = False  # ddtree-deploy only: run by the warm fork server (see ddtree_deploy/forkserver.py)
 
 
 class Bench(BaseModel):
@@ -241,7 +238,6 @@ def ddtree(bench: Bench, inventory: Path, label: str, *args: str) -> Timing:
     """Run one CLI command on every host; fail loudly unless it exits 0 with every host `ok`."""
     env = {**bench.env, "DDTREE_INVENTORY": str(inventory)}
     argv = [sys.executable, "-m", "ddtree_deploy.cli", *args, "--all", "--json"]
-    served_before = served_commands(bench)
     started = time.monotonic()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
     seconds = time.monotonic() - started
@@ -262,39 +258,7 @@ def ddtree(bench: Bench, inventory: Path, label: str, *args: str) -> Timing:
     for row in rows:
         for step in row["result"]["steps"]:
             steps[step["step"]] = max(steps.get(step["step"], 0.0), step.get("duration_s") or 0.0)
-    return Timing(tool=DDTREE, op=label, seconds=seconds, steps_s=steps, served=served_commands(bench) > served_before)
-
-
-def served_commands(bench: Bench) -> int:
-    """Commands the fork server has forked so far (one `pid N: argv` line each in its log)."""
-    logs = (bench.root / "runtime" / "ddtree-deploy").glob("*.log")
-    return sum(1 for log in logs for line in log.read_text().splitlines() if re.search(r" pid \d+: ", line))
-
-
-def wait_for_fork_server(bench: Bench) -> None:
-    """Until the fork server that the first command left is serving (it imports for ~0.7 s after that exits).
-
-    At any human pace it is up before the next command; only a script firing commands back to back
-    would have its second command wait for it. The bench times the cold store, not that.
-    """
-    folder = bench.root / "runtime" / "ddtree-deploy"
-    deadline = time.monotonic() + 60
-    while not (
-        list(folder.glob("*.sock")) and "serving as pid" in "".join(p.read_text() for p in folder.glob("*.log"))
-    ):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no fork server came up under {folder}")
-        time.sleep(0.05)
-
-
-def stop_fork_servers(folder: Path) -> None:
-    for lock in (folder / "runtime" / "ddtree-deploy").glob("*.lock"):
-        pid = lock.read_text().strip()
-        if pid:
-            try:
-                os.kill(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    return Timing(tool=DDTREE, op=label, seconds=seconds, steps_s=steps)
 
 
 def why_not_ok(row: dict[str, Any]) -> str:
@@ -504,7 +468,7 @@ def check(bench: Bench, timing: Timing, expect: Expect) -> Timing:
     timing.load_1m = os.getloadavg()[0]
     print(
         f"  {timing.tool:13s} {timing.op:28s} {timing.seconds:6.2f}s  load {timing.load_1m:4.1f}  "
-        f"every host as expected{'  (served by the fork server)' if timing.served else ''}",
+        "every host as expected",
         flush=True,
     )
     return timing
@@ -552,8 +516,6 @@ def measure(bench: Bench, say: Callable[[str], None], repeats: int = 1) -> list[
     if digests(bench, ANSIBLE) != pristine:
         raise SystemExit("the two tools' hosts do not start from the same package")
     ddtree(bench, bench.inventory, "start", "restart")  # servers run before a push, as on the real hosts
-    if forkserver.enabled():
-        wait_for_fork_server(bench)
     timings: list[Timing] = []
     for repeat in range(repeats):
         if repeat:
@@ -661,7 +623,7 @@ def print_report(timings: list[Timing]) -> list[dict[str, Any]]:
     for t in timings:
         if t.tool == DDTREE:
             steps = "  ".join(f"{k} {v:.2f}" for k, v in t.steps_s.items())
-            print(f"  {t.op:30s} {t.seconds:6.2f}s  {steps}{'  [fork server]' if t.served else ''}")
+            print(f"  {t.op:30s} {t.seconds:6.2f}s  {steps}")
     return rows
 
 
@@ -707,7 +669,6 @@ def main(argv: list[str] | None = None) -> None:
         )
         say("done")
     finally:
-        stop_fork_servers(folder)
         killed = stop_standins(folder)
         if killed:
             print(f"stopped stand-in servers left running: {killed}")
@@ -733,14 +694,10 @@ def setup(folder: Path, fleet: Fleet, ansible_fleet: Fleet, overlay: str, say: C
     first = next(iter(fleet.hosts))
     say(f"stand-in compile cache warmed in {warm_compile_cache(entries[first]):.1f}s")
     say(f"ddtree_deploy byte-compiled in {compile_ddtree_deploy():.1f}s (as an installed copy is)")
-    # A runtime folder of its own: the first command finds no fork server, as on a fresh machine, and
-    # starts the one that serves the later commands (DDTREE_DEPLOY_FORKSERVER=0 benches without it).
-    (folder / "runtime").mkdir(mode=0o700)
     env = {
         **os.environ,
         "DDTREE_OVERLAYS": str(REPO / "overlays"),
         "DDTREE_AUDIT_LOG": str(folder / "audit.jsonl"),
-        "XDG_RUNTIME_DIR": str(folder / "runtime"),
     }
     bench = Bench(
         root=folder,

@@ -142,3 +142,9 @@ def list_overlays(overlays: OverlaySearch | Path | None = None) -> list[OverlayL
                 artifacts=sorted(m.artifacts)))
     return rows
 
+
+class OverlayList(BaseModel):
+    """`overlay list`: the folders searched, in order, and every version they provide."""
+
+    folders: list[OverlayFolder]
+    overlays: list[OverlayListing]

@@ -296,10 +296,9 @@ def _failure_of(row: HostRow[R], failure: Callable[[R], str | None] | None) -> s
 def _block_sigint() -> None:
     """Keep SIGINT from this thread and from every process it starts (a signal mask survives fork and exec).
 
-    A terminal's Ctrl-C reaches its whole foreground process group, and the fork server relays it to
-    the command's group: local host helpers and OpenSSH clients are in it. Left alone, a helper would
-    die in the middle of a transaction, or an SSH client would drop its channel while the remote
-    helper runs on. Only the controller's main thread decides what Ctrl-C means (`interruptible`).
+    A terminal's Ctrl-C reaches its whole foreground process group: local host helpers and ssh_config
+    ProxyCommands are in it. Left alone, a helper would die in the middle of a transaction, or a
+    ProxyCommand would drop the connection while the remote helper runs on. Only the controller's main thread decides what Ctrl-C means (`interruptible`).
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 

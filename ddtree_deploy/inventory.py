@@ -107,11 +107,6 @@ class HostSpec(_Strict):
         """What ssh is given as the destination: `ssh_host`, else the ssh_config alias, else the name."""
         return self.ssh_host or self.ssh or self.name
 
-    def ssh_options(self) -> list[str]:
-        """The explicit connection fields as OpenSSH `-o` words: they win over ssh_config (`ssh -G` honours them too)."""
-        settings = {"User": self.ssh_user, "Port": self.ssh_port, "IdentityFile": self.ssh_key}
-        return [word for key, value in settings.items() if value is not None for word in ("-o", f"{key}={value}")]
-
     @field_validator("ssh_host", mode="after")
     @classmethod
     def _host_is_a_host(cls, value: str | None) -> str | None:
@@ -156,10 +151,15 @@ class SshSettings(_Strict):
     config: str | None = Field(default=None, description="ssh_config file (default: ~/.ssh/config)")
     known_hosts: str | None = Field(default=None, description="known_hosts file (default: ~/.ssh/known_hosts)")
     connect_timeout_s: float = 10.0
-    control_persist_s: float = Field(
-        default=300.0, ge=0,
-        description="keep an OpenSSH control master per host this long after a command, so the next "
-                    "command's sessions skip the handshake (as Ansible's ControlPersist); 0 turns it off")
+    control_persist_s: None = Field(default=None, exclude=True,
+                                    description="removed; given at all, it is refused (see the validator)")
+
+    @field_validator("control_persist_s", mode="before")
+    @classmethod
+    def _control_persist_removed(cls, value: object) -> None:
+        """Refused rather than ignored: whoever set it expected a warm connection that no longer exists."""
+        raise ValueError("removed: ddtree-deploy keeps no SSH control masters any more (one connection per "
+                         "command); delete this key")
 
 
 class Inventory(_Strict):

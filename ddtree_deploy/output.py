@@ -32,7 +32,6 @@ def _console(stderr: bool) -> Console:
     from rich.console import Console  # imported on first use: a --json run never needs rich
 
     # Off a terminal (CI logs, pipes) rich would wrap at 80 columns; a wider page keeps tables readable.
-    # Asked here, not at import: a fork server's child gets its terminal after the import.
     width = None if sys.stdout.isatty() else 160
     return Console(stderr=stderr, highlight=False, width=width)
 

@@ -314,6 +314,14 @@ def semver_key(text: str) -> tuple[int, Version | str]:
 # ---------------------------------------------------------------- export
 
 
+class OverlayExport(BaseModel):
+    """`overlay export`: the version written out and the files it holds."""
+
+    overlay: str
+    folder: str
+    files: list[str]
+
+
 def export(overlay: Overlay, target: Path) -> list[str]:
     """Write the resolved version into `target` as a folder of its own (no `inherits`): every file it
     lands, each patch, and the whole manifest. Tools that read a version folder directly (GNU patch

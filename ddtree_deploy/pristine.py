@@ -48,6 +48,13 @@ class OverlayCheck(BaseModel):
     bases: list[BaseCheck]
 
 
+class OverlayCheckReport(BaseModel):
+    """`overlay check`: one check per version, ok when every one applies and compiles."""
+
+    ok: bool
+    checks: list[OverlayCheck]
+
+
 def cache_dir() -> Path:
     """$DDTREE_DEPLOY_CACHE, else $XDG_CACHE_HOME/ddtree-deploy, else ~/.cache/ddtree-deploy."""
     explicit = os.environ.get(CACHE_ENV)

@@ -56,6 +56,7 @@ class HostStatus(BaseModel):
     server: str = "no service"
     notes: list[str] = Field(default_factory=list)
     needs_attention: bool = False
+    ssh_resolver: str | None = Field(default=None, description="what read the host's ssh_config: openssh or paramiko")
 
 
 def host_status(transport: Transport) -> HostStatus:
@@ -80,7 +81,7 @@ def host_status(transport: Transport) -> HostStatus:
         snapshot=deployed.get("snapshot"), launch_args=list((state.get("launch") or {}).get("argv") or []),
         lock=lock.get("owner") if lock else None, journal_open=bool(state.get("journal")), notes=notes, server=server,
         needs_attention=bool(state.get("journal")) or bool(lock and not lock.get("expired"))
-        or server.startswith("unhealthy") or bool(drifted),
+        or server.startswith("unhealthy") or bool(drifted), ssh_resolver=transport.ssh_resolver,
     )
 
 

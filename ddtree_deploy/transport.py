@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import abc
 import base64
+import dataclasses
 import hashlib
 import json
 import os
 import shlex
-import shutil
-import socket
 import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from ddtree_deploy.errors import HelperError, HostKeyError, TransportError
-from ddtree_deploy.runtime import private_folder
+from ddtree_deploy.errors import HelperError, HostKeyError, InventoryError, TransportError
+from ddtree_deploy.sshconfig import Resolver, SshTarget, resolve, split_hop
 
 if TYPE_CHECKING:
     import paramiko
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ddtree_deploy.inventory import HostSpec, SshSettings
 
 HOSTSIDE_PACKAGE = "ddtree_deploy.hostside"
+MAX_JUMPS = 8  # ProxyJump hops on the way to one host, each hop's own ones included
 
 
 class HelperResult(BaseModel):
@@ -102,6 +103,8 @@ class Transport(abc.ABC):
         self._session_pid = 0
         self._starting: threading.Thread | None = None
         self._start_error: Exception | None = None
+        #: which resolver read the host's ssh_config (`SSHTransport`, once connected); None for local hosts
+        self.ssh_resolver: Resolver | None = None
 
     def start(self) -> None:
         """Connect and start the helper in a background thread now; the first op waits for it.
@@ -136,7 +139,7 @@ class Transport(abc.ABC):
         self._await_start()
         started = time.monotonic()
         if self._session is not None and self._session_pid != os.getpid():
-            self._session = None  # a forked child: the helper and its pipes belong to the parent
+            self._session = None  # a forked child (the crash tests fork one): the helper's pipes are the parent's
         session = self._session or self._begin()
         try:
             session.send(json.dumps(request).encode() + b"\n")
@@ -255,109 +258,110 @@ class _SSHSession(_Session):
         return code, bytes(err)
 
 
-class SSHTransport(Transport):
-    """A Fabric connection on an ssh_config alias, with strict host-key checking; warm hosts through a control master.
+@dataclass
+class _Hop:
+    """One connection on the way to a host: a jump host, or the host itself (the last hop)."""
 
-    The first command to reach a host connects with paramiko, which checks the host key strictly
-    and names a refused key by its fingerprint. When it closes, it leaves an OpenSSH control master
-    for that host (`ssh -M -N -f`, the same ssh_config and known_hosts, StrictHostKeyChecking=yes,
-    `ssh.control_persist_s`), with its socket in the controller's private runtime folder. While that
-    master lives, later commands open their sessions through it (`ssh -S`), skipping the TCP, key
-    exchange and authentication that cost ~0.1 s of sshd CPU per host, as Ansible does with
-    ControlPersist. A dead master is simply not used; a session started through one that dies on the
-    way falls back to OpenSSH's own strict connection.
+    conn: Connection
+    label: str  # how errors name it: `root@10.0.0.5:22`, or `jump host bastion (root@10.0.0.1:22)`
+    proxy_command: str | None
+
+
+class SSHTransport(Transport):
+    """Fabric connections on an ssh_config alias, resolved as OpenSSH would, with strict host keys on every hop.
+
+    The alias, and each `ProxyJump` hop, is resolved by `sshconfig` (`ssh -G`, else paramiko's
+    parser); `ssh_resolver` says which served. A gateway `Connection` per hop carries the next one,
+    and every hop's client gets the strict policy and the inventory's known_hosts before it connects,
+    so nothing in ssh_config (say `StrictHostKeyChecking no` for a bastion) loosens a check. A
+    refused key is named by its hop and fingerprint. One connection per command: nothing outlives it.
     """
 
     def __init__(self, host: HostSpec, ssh: SshSettings, owner: str = "", accept_new_host_key: bool = False) -> None:
         super().__init__(host, owner)
         self.ssh = ssh
         self.accept_new_host_key = accept_new_host_key
-        self._conn: Connection | None = None
-        self.muxed = False  # whether the helper's session went through a control master
-
-    def _master_socket(self) -> str | None:
-        """Where this host's control master listens (None: persistence off, or no ssh client, or no safe folder)."""
-        if not self.ssh.control_persist_s or shutil.which("ssh") is None:
-            return None
-        folder = private_folder("ssh")
-        if folder is None:
-            return None
-        key = json.dumps([self.host.ssh_alias, *self.host.ssh_options(), self.ssh.config, self._known_hosts(), os.getuid()])
-        return str(folder / f"cm-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+        self._hops: list[_Hop] = []  # opened, first jump host first; the last one is the host
 
     def _known_hosts(self) -> str:
         return self.ssh.known_hosts or _default_known_hosts()
 
-    def _openssh_options(self, socket_path: str) -> list[str]:
-        config = ["-F", self.ssh.config] if self.ssh.config else []
-        return [*config, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"UserKnownHostsFile={self._known_hosts()}", "-o", "HashKnownHosts=no",
-                "-o", f"ConnectTimeout={max(1, round(self.ssh.connect_timeout_s))}", "-o", f"ControlPath={socket_path}",
-                *self.host.ssh_options()]
-
-    def _start_muxed(self, argv: list[str], socket_path: str) -> _Session:
-        command = " ".join(shlex.quote(word) for word in argv)
-        ssh = ["ssh", *self._openssh_options(socket_path), "-o", "ControlMaster=no", self.host.ssh_alias, "--", command]
-        self.muxed = True
-        return _spawn(ssh, self.host.name, "ssh_not_found", "install OpenSSH's client, or set ssh.control_persist_s: 0")
-
-    def _leave_master(self) -> None:
-        """Start a detached control master for the next commands, unless one is up (it outlives this process)."""
-        socket_path = self._master_socket()
-        if socket_path is None or _listening(socket_path):
-            return
-        master = ["ssh", *self._openssh_options(socket_path), "-o", "ControlMaster=yes",
-                  "-o", f"ControlPersist={max(1, round(self.ssh.control_persist_s))}", "-N", "-f", self.host.ssh_alias]
-        subprocess.Popen(master, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-
     def _connection(self) -> Connection:
-        if self._conn is None:
-            self._conn = self._open()
-        return self._conn
+        if not self._hops:
+            # The inventory's explicit ssh_user/ssh_port/ssh_key (Ansible's ansible_user & co.) win over ssh_config.
+            target = resolve(self.host.ssh_alias, self.ssh.config, host=self.host.name,
+                             user=self.host.ssh_user, port=self.host.ssh_port)
+            if self.host.ssh_key:
+                target = dataclasses.replace(target, identity_files=(self.host.ssh_key, *target.identity_files))
+            self.ssh_resolver = target.resolver
+            hops = self._chain(target, target.address, depth=0)
+            try:
+                for hop in hops:  # from the first jump host on, so that an error names the hop it came from
+                    self._open(hop)
+            except BaseException:
+                for hop in reversed(hops):  # never keep a jump host that a retry could take for the host
+                    hop.conn.close()
+                raise
+            self._hops = hops
+        return self._hops[-1].conn
 
-    def _open(self) -> Connection:
-        import paramiko
+    def _chain(self, target: SshTarget, label: str, depth: int) -> list[_Hop]:
+        """Strict, unopened Connections: the ProxyJump hops to `target` (each the next one's gateway), then `target`."""
+        if depth > MAX_JUMPS:
+            raise InventoryError(f"ProxyJump of {self.host.ssh_alias!r} goes more than {MAX_JUMPS} hops deep",
+                                 host=self.host.name, code="ssh_config_invalid", hint="look for a ProxyJump loop")
+        before = self._jumps(target.proxy_jump, depth) if target.proxy_jump else []
+        conn = self._strict_connection(target, label, gateway=before[-1].conn if before else None)
+        return [*before, _Hop(conn=conn, label=label, proxy_command=target.proxy_command)]
+
+    def _jumps(self, hops: tuple[str, ...], depth: int) -> list[_Hop]:
+        """The last hop, reached through the ones before it (the first through its own ProxyJump, as ssh -J does)."""
+        name, user, port = split_hop(hops[-1])
+        target = resolve(name, self.ssh.config, host=self.host.name, user=user, port=port)
+        if len(hops) > 1:
+            target = dataclasses.replace(target, proxy_jump=hops[:-1], proxy_command=None)
+        return self._chain(target, f"jump host {name} ({target.address})", depth + 1)
+
+    def _strict_connection(self, target: SshTarget, label: str, gateway: Connection | None) -> Connection:
         from fabric import Config, Connection  # imported here: a local-only fleet needs no SSH stack
+        from paramiko import SSHConfig
 
-        config = Config(runtime_ssh_path=self.ssh.config) if self.ssh.config else Config()
-        # The inventory's explicit ssh_user/ssh_port/ssh_key (Ansible's ansible_user & co.) win over ssh_config.
-        conn = Connection(self.host.ssh_alias, user=self.host.ssh_user, port=self.host.ssh_port, config=config,
-                          connect_timeout=self.ssh.connect_timeout_s,
-                          connect_kwargs={"key_filename": [self.host.ssh_key]} if self.host.ssh_key else None)
+        auth: dict[str, Any] = {"key_filename": list(target.identity_files)}
+        if target.identities_only:
+            auth.update(allow_agent=False, look_for_keys=False)
+        conn = Connection(target.hostname, user=target.user, port=target.port, gateway=gateway,
+                          config=Config(ssh_config=SSHConfig(), lazy=True),  # no file may change what was resolved
+                          connect_timeout=self.ssh.connect_timeout_s, connect_kwargs=auth)
         known_hosts = self._known_hosts()
-        hop: object = conn
-        while isinstance(hop, Connection):  # the host, then every ProxyJump gateway: all checked strictly
-            self._strict(hop.client, known_hosts)
-            hop = hop.gateway
-        where = f"{conn.user}@{conn.host}:{conn.port}"
+        if os.path.exists(known_hosts):
+            conn.client.load_host_keys(known_hosts)
+        # Fabric installs AutoAddPolicy on every client it makes; replace it before anything connects.
+        conn.client.set_missing_host_key_policy(
+            _strict_policy(self.host.name, label, known_hosts, self.accept_new_host_key))
+        return conn
+
+    def _open(self, hop: _Hop) -> None:
+        import paramiko
+
+        conn = hop.conn
+        if hop.proxy_command:
+            conn.connect_kwargs["sock"] = paramiko.ProxyCommand(hop.proxy_command)
         try:
             conn.open()
         except paramiko.BadHostKeyException as exc:
             raise HostKeyError(
-                f"host key CHANGED for {where}: expected {fingerprint(exc.expected_key)}, "
-                f"got {fingerprint(exc.key)}",
+                f"host key CHANGED for {hop.label}: expected {fingerprint(exc.expected_key)}, got {fingerprint(exc.key)}",
                 host=self.host.name,
                 hint="if the host was reinstalled, verify the new key out of band, then remove the old line "
-                     f"with `ssh-keygen -R '[{conn.host}]:{conn.port}' -f {known_hosts}`",
+                     f"with `ssh-keygen -R '{_known_hosts_name(conn.host, conn.port)}' -f {self._known_hosts()}`",
             ) from None
         except HostKeyError:
             raise
         except (TimeoutError, OSError, paramiko.SSHException) as exc:
-            raise TransportError(f"cannot connect to {where}: {exc}", host=self.host.name,
+            raise TransportError(f"cannot connect to {hop.label}: {exc}", host=self.host.name,
                                  hint="check that the host is up and its ssh_config entry") from None
-        return conn
-
-    def _strict(self, client: paramiko.SSHClient, known_hosts: str) -> None:
-        """Fabric installs AutoAddPolicy on every client it makes; replace it before anything connects."""
-        if os.path.exists(known_hosts):
-            client.load_host_keys(known_hosts)
-        client.set_missing_host_key_policy(_strict_policy(self.host.name, known_hosts, self.accept_new_host_key))
 
     def _start(self, argv: list[str]) -> _Session:
-        socket_path = self._master_socket()
-        if socket_path is not None and _listening(socket_path):
-            return self._start_muxed(argv, socket_path)
         transport = self._connection().client.get_transport()
         if transport is None:
             raise TransportError("ssh connection closed", host=self.host.name, hint="retry")
@@ -367,24 +371,24 @@ class SSHTransport(Transport):
 
     def close(self) -> None:
         super().close()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-            self._leave_master()  # only after a connection that checked the host key and logged in
+        hops, self._hops = self._hops, []
+        for hop in reversed(hops):  # the host, then each gateway it was reached through
+            hop.conn.close()
 
 
-def _strict_policy(host: str, known_hosts: str, accept_new: bool) -> paramiko.MissingHostKeyPolicy:
-    """Refuse unknown host keys with their fingerprint; record one only when told to (never a changed one:
-    paramiko raises `BadHostKeyException` for those before any policy is asked)."""
+def _strict_policy(host: str, label: str, known_hosts: str, accept_new: bool) -> paramiko.MissingHostKeyPolicy:
+    """Refuse unknown host keys, naming the hop and the fingerprint; record one only when told to (never a
+    changed one: paramiko raises `BadHostKeyException` for those before any policy is asked)."""
     import paramiko
 
     class StrictPolicy(paramiko.MissingHostKeyPolicy):
         def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
             if not accept_new:
                 raise HostKeyError(
-                    f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}",
+                    f"unknown host key for {label}: {key.get_name()} {fingerprint(key)}",
                     host=host,
-                    hint="verify the fingerprint out of band, then rerun with --accept-new-host-key to record it",
+                    hint="verify the fingerprint out of band, then rerun with --accept-new-host-key to record it "
+                         f"(as {hostname} in {known_hosts})",
                 )
             client.get_host_keys().add(hostname, key.get_name(), key)
             with open(known_hosts, "a") as f:
@@ -399,15 +403,9 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def _listening(socket_path: str) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(socket_path)
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
+def _known_hosts_name(hostname: str, port: int) -> str:
+    """How known_hosts names a host: `[host]:port`, or the bare host on port 22."""
+    return hostname if port == 22 else f"[{hostname}]:{port}"
 
 
 def _default_known_hosts() -> str:

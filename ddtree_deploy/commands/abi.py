@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
-from rich.table import Table
 
 from ddtree_deploy import output as out
-from ddtree_deploy.abi import AbiMatrix, Fingerprint, HostColumn, build_matrix, errors_of
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.transport import Transport
+
+if TYPE_CHECKING:
+    from ddtree_deploy.abi import AbiMatrix, Fingerprint, HostColumn
+    from ddtree_deploy.transport import Transport
 
 DeepOption = Annotated[
     bool, typer.Option("--deep", help="Also import torch and sgl_kernel on each host (slow), since metadata can lie.")
@@ -35,6 +35,8 @@ def abi(
     inconsistent (a package pins another torch, the driver is too old for the CUDA variant, an
     import fails with --deep) or a host is unreachable.
     """
+    from ddtree_deploy.abi import build_matrix
+
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
@@ -47,10 +49,14 @@ def abi(
 
 def read_fingerprint(transport: Transport, *, deep: bool = False) -> Fingerprint:
     """The per-host work: one `fingerprint` round trip, read into a `Fingerprint`."""
+    from ddtree_deploy.abi import Fingerprint
+
     return Fingerprint.from_helper(transport.call("fingerprint", {"deep": deep}), host=transport.host.name)
 
 
 def _columns(report: FleetReport[Fingerprint]) -> list[HostColumn]:
+    from ddtree_deploy.abi import HostColumn
+
     columns = []
     for row in report.hosts:
         error = None
@@ -63,6 +69,9 @@ def _columns(report: FleetReport[Fingerprint]) -> list[HostColumn]:
 
 
 def _render(matrix: AbiMatrix) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(title="ddtree-deploy abi", title_justify="left")
     table.add_column("field")
     for column in matrix.columns:
@@ -82,10 +91,16 @@ def _render(matrix: AbiMatrix) -> None:
 
 
 def _cell(value: str | None) -> str:
+    from rich.markup import escape
+
     return "[dim]-[/]" if value is None else escape(value)
 
 
 def _render_column_problems(column: HostColumn) -> None:
+    from rich.markup import escape
+
+    from ddtree_deploy.abi import errors_of
+
     if column.error is not None:
         # the message already names the host (DeployError's str)
         out.console.print(f"[red]x {escape(column.error['message'])}[/]", soft_wrap=True)

@@ -1,20 +1,18 @@
-"""`ddtree-deploy diff`: drift, file by file, between installed files and what each host's state says.
-
-Registration (commands/__init__.py): COMMANDS += [("diff", "diff")].
-"""
+"""`ddtree-deploy diff`: drift, file by file, between installed files and what each host's state says."""
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from ddtree_deploy import output as out
-from ddtree_deploy import snapshot
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
+
+if TYPE_CHECKING:
+    from ddtree_deploy import snapshot
 
 DeepOption = Annotated[bool, typer.Option("--deep", help="Re-hash every file instead of trusting unchanged stat data.")]
 
@@ -32,6 +30,8 @@ def diff(
 
     Exit codes: 0 no drift anywhere; 1 a host could not be read; 3 a host drifted or has an open journal.
     """
+    from ddtree_deploy import snapshot
+
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
@@ -47,6 +47,8 @@ def diff_exit_code(report: FleetReport[snapshot.DriftReport]) -> out.ExitCode:
 
 
 def _render(report: FleetReport[snapshot.DriftReport]) -> None:
+    from rich.table import Table
+
     for row in report.hosts:
         if row.result is None:
             out.console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy import service
 from ddtree_deploy.errors import UsageError
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, operator
 from ddtree_deploy.inventory import HostSpec, Inventory, load_inventory, select_hosts
-from ddtree_deploy.service import LogChunk
 from ddtree_deploy.transport import Transport, transport_for
+
+if TYPE_CHECKING:
+    from ddtree_deploy.service import LogChunk
 
 
 def logs(
@@ -31,6 +32,8 @@ def logs(
 
     With several hosts every line is prefixed with its host. Exit codes: 0 shown; 1 a host failed.
     """
+    from ddtree_deploy import service
+
     with out.errors_rendered(as_json):
         if follow and as_json:
             raise UsageError("--follow streams text and cannot be combined with --json",
@@ -63,6 +66,8 @@ def _print_lines(host: str, lines: list[str], prefix: bool) -> None:
 def _follow(inv: Inventory, hosts: list[HostSpec], report: FleetReport[LogChunk], interval: float,
             accept_new_host_key: bool) -> NoReturn:
     """Poll each host for what its log gained since the last read; print whole lines only."""
+    from ddtree_deploy import service
+
     by_name = {h.name: h for h in hosts}
     owner = operator("logs")
     followed: dict[str, tuple[Transport, Any]] = {

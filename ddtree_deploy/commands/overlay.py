@@ -9,44 +9,24 @@ Overlays are looked up in `--overlays DIR`, $DDTREE_OVERLAYS, ./overlays, then t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import BaseModel
-from rich.markup import escape
-from rich.table import Table
 
 from ddtree_deploy import output as out
-from ddtree_deploy.catalog import (
-    OVERLAYS_ENV,
-    OverlayFolder,
-    OverlayListing,
-    OverlaySearch,
-    list_overlays,
-    load_overlay,
-    overlays_path,
-)
-from ddtree_deploy.errors import OverlayError
-from ddtree_deploy.overlay import Overlay, export
-from ddtree_deploy.pristine import OverlayCheck, check_overlay
+
+if TYPE_CHECKING:  # the command bodies import what they use: the CLI's start stays cheap
+    from ddtree_deploy.catalog import OverlayList, OverlaySearch
+    from ddtree_deploy.overlay import Overlay, OverlayExport
+    from ddtree_deploy.pristine import OverlayCheckReport
 
 app = typer.Typer(help="Overlays: list them; check their patches against pristine sglang releases; export one.",
                   no_args_is_help=True)
 
 OverlaysOption = Annotated[
     str | None,
-    typer.Option("--overlays", help=f"Folder of overlays, searched before ${OVERLAYS_ENV}, ./overlays and the built-ins."),
+    typer.Option("--overlays", help="Folder of overlays, searched before $DDTREE_OVERLAYS, ./overlays and the built-ins."),
 ]
-
-
-class OverlayList(BaseModel):
-    folders: list[OverlayFolder]
-    overlays: list[OverlayListing]
-
-
-class OverlayCheckReport(BaseModel):
-    ok: bool
-    checks: list[OverlayCheck]
 
 
 @app.command("list")
@@ -56,6 +36,8 @@ def list_command(overlays: OverlaysOption = None, as_json: out.JsonOption = Fals
 
     Exit codes: 0 all valid; 2 an overlay version is invalid (its row says why).
     """
+    from ddtree_deploy.catalog import OverlayList, list_overlays, overlays_path
+
     with out.errors_rendered(as_json):
         search = overlays_path(overlays)
         result = OverlayList(folders=search.folders, overlays=list_overlays(search))
@@ -80,6 +62,9 @@ def check_command(
 
     Exit codes: 0 everything applies and compiles; 1 a conflict or a compile error; 2 a bad overlay.
     """
+    from ddtree_deploy.catalog import load_overlay, overlays_path
+    from ddtree_deploy.pristine import OverlayCheckReport, check_overlay
+
     with out.errors_rendered(as_json):
         search = overlays_path(overlays)
         targets = [load_overlay(spec, search)] if spec else _every_version(search)
@@ -87,12 +72,6 @@ def check_command(
             checks = [check_overlay(overlay, base) for overlay in targets]
     report = OverlayCheckReport(ok=all(c.ok for c in checks), checks=checks)
     out.emit(report, as_json=as_json, human=_render_check, code=out.ExitCode.OK if report.ok else out.ExitCode.FAILED)
-
-
-class OverlayExport(BaseModel):
-    overlay: str
-    folder: str
-    files: list[str]
 
 
 @app.command("export")
@@ -107,14 +86,25 @@ def export_command(
 
     Exit codes: 0 written; 2 an unknown or invalid overlay, or a folder that is not empty.
     """
+    from ddtree_deploy.catalog import load_overlay, overlays_path
+    from ddtree_deploy.overlay import OverlayExport, export
+
     with out.errors_rendered(as_json):
         overlay = load_overlay(spec, overlays_path(overlays))
         result = OverlayExport(overlay=overlay.label, folder=str(folder), files=export(overlay, folder))
-    out.emit(result, as_json=as_json, human=lambda r: out.console.print(
-        f"{r.overlay}: {len(r.files)} files written to {escape(r.folder)}"))
+    out.emit(result, as_json=as_json, human=_render_export)
+
+
+def _render_export(result: OverlayExport) -> None:
+    from rich.markup import escape
+
+    out.console.print(f"{result.overlay}: {len(result.files)} files written to {escape(result.folder)}")
 
 
 def _every_version(search: OverlaySearch) -> list[Overlay]:
+    from ddtree_deploy.catalog import OVERLAYS_ENV, list_overlays, load_overlay
+    from ddtree_deploy.errors import OverlayError
+
     rows = list_overlays(search)
     if not rows:
         raise OverlayError(f"no overlays in {search.describe()}", code="unknown_overlay",
@@ -123,6 +113,9 @@ def _every_version(search: OverlaySearch) -> list[Overlay]:
 
 
 def _render_list(result: OverlayList) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     searched = ", ".join(f"{escape(str(f.path))} ({f.origin})" for f in result.folders) or "nothing"
     table = Table(title=f"overlays (searched: {searched})", title_justify="left")
     for column in ("overlay", "inherits", "from", "bases", "files", "patches", "holds", "artifacts", "description"):
@@ -138,6 +131,8 @@ def _render_list(result: OverlayList) -> None:
 
 
 def _render_check(report: OverlayCheckReport) -> None:
+    from rich.markup import escape
+
     for check in report.checks:
         for base in check.bases:
             source = f" (patches from {base.patches_from})" if base.patches_from != base.base else ""

@@ -8,13 +8,9 @@ from typing import Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy import playbook
-from ddtree_deploy.catalog import load_overlay, overlays_path
-from ddtree_deploy.commands._play import exit_code, render, run_playbook
 from ddtree_deploy.commands.push import OverlaysDirOption
 from ddtree_deploy.fleet import FleetOptions
 from ddtree_deploy.inventory import load_inventory, select_hosts
-from ddtree_deploy.steps import RunOptions
 
 
 def play(
@@ -33,6 +29,11 @@ def play(
     as_json: out.JsonOption = False,
 ) -> None:
     """Run a playbook's steps on the selected hosts; unknown steps or arguments are refused before any host is touched."""
+    from ddtree_deploy import playbook
+    from ddtree_deploy.catalog import load_overlay, overlays_path
+    from ddtree_deploy.commands._play import exit_code, render, run_playbook
+    from ddtree_deploy.steps import RunOptions
+
     with out.errors_rendered(as_json):
         book = playbook.load_playbook(Path(file)) if Path(file).exists() else playbook.builtin(file)
         inv = load_inventory(inventory)

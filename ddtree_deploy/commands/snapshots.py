@@ -1,18 +1,16 @@
-"""`ddtree-deploy snapshots`: each host's snapshots (id, time, reason, files, overlay) and its rollback target.
-
-Registration (commands/__init__.py): COMMANDS += [("snapshots", "snapshots")].
-"""
+"""`ddtree-deploy snapshots`: each host's snapshots (id, time, reason, files, overlay) and its rollback target."""
 
 from __future__ import annotations
 
 import time
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ddtree_deploy import output as out
-from ddtree_deploy import snapshot
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
+
+if TYPE_CHECKING:
+    from ddtree_deploy import snapshot
 
 
 def snapshots(
@@ -27,6 +25,8 @@ def snapshots(
 
     Exit codes: 0 every host answered; 1 a host could not be read.
     """
+    from ddtree_deploy import snapshot
+
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
@@ -36,6 +36,8 @@ def snapshots(
 
 
 def _render(report: FleetReport[snapshot.HostSnapshots]) -> None:
+    from rich.table import Table
+
     for row in report.hosts:
         if row.result is None:
             out.console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")

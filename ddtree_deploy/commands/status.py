@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from ddtree_deploy import output as out
-from ddtree_deploy import steps
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
+from ddtree_deploy.fleet import FleetOptions, FleetReport, connecting, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
+
+if TYPE_CHECKING:
+    from ddtree_deploy import steps
 
 
 def status(
@@ -26,7 +28,11 @@ def status(
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        report = fan_out(inv, hosts, "status", steps.host_status, FleetOptions(accept_new_host_key=accept_new_host_key))
+        options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        with connecting(inv, hosts, "status", options) as started:
+            from ddtree_deploy import steps  # imported while the hosts connect: the two overlap
+
+            report = fan_out(inv, hosts, "status", steps.host_status, options, started)
     out.emit(report, as_json=as_json, human=_render, code=status_exit_code(report))
 
 
@@ -37,6 +43,8 @@ def status_exit_code(report: FleetReport[steps.HostStatus]) -> out.ExitCode:
 
 
 def _render(report: FleetReport[steps.HostStatus]) -> None:
+    from rich.table import Table
+
     table = Table(title="ddtree-deploy status", title_justify="left")
     for column in ("host", "python", "sglang", "torch", "overlay", "lock", "server", "notes"):
         table.add_column(column, overflow="fold")

@@ -28,8 +28,7 @@ def write_ansible_inventory(fleet: Fleet, folder: Path) -> Path:
     (folder / "group_vars").mkdir(exist_ok=True)
     (folder / "empty_ssh_config").write_text("")  # no ~/.ssh/config: the inventory alone says how to connect
     (folder / "group_vars" / "all.yml").write_text(yaml.safe_dump({"ddtree_deploy_ssh": {
-        "config": "empty_ssh_config", "known_hosts": str(fleet.known_hosts), "connect_timeout_s": 5,
-        "control_persist_s": 0}}))
+        "config": "empty_ssh_config", "known_hosts": str(fleet.known_hosts), "connect_timeout_s": 5}}))
     path = folder / "hosts.ini"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -36,8 +36,7 @@ def test_apply_overlay_lands_the_pushed_bytes_without_the_ssh_stack(tmp_path: Pa
             shutil.copy(release / path, root / path)
     (tmp_path / "nossh").mkdir()
     (tmp_path / "nossh" / "sitecustomize.py").write_text(NO_SSH_STACK)
-    # DDTREE_DEPLOY_FORKSERVER=0: a one-off command here leaves no process behind.
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "nossh"), "DDTREE_DEPLOY_FORKSERVER": "0"}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "nossh")}
     name, version = spec.split("@")
     proc = subprocess.run(["bash", str(REPO / "tools/gpu/apply_overlay.sh"), f"overlays/{name}/{version}", str(root)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)

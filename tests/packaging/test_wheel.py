@@ -66,7 +66,7 @@ def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 def tool(venv: Path, outside: Path, *args: str, inventory: Path | None = None) -> tuple[int, dict[str, Any]]:
     """`ddtree-deploy ARGS --json` from the venv, in `outside`, with none of the checkout on the path."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DDTREE_OVERLAYS", "DDTREE_INVENTORY")}
-    env.update(DDTREE_AUDIT_LOG=str(outside / "audit.jsonl"), DDTREE_DEPLOY_FORKSERVER="0")  # nothing left running
+    env.update(DDTREE_AUDIT_LOG=str(outside / "audit.jsonl"))
     if inventory is not None:
         env["DDTREE_INVENTORY"] = str(inventory)
     proc = subprocess.run([str(venv / "bin" / "ddtree-deploy"), *args, "--json"], cwd=outside, env=env,

@@ -26,7 +26,7 @@ def push_interrupted(env: dict[str, str], host: str, state_dir: Path, *args: str
     """`push --host HOST --overlay slow --json` (plus `args`), Ctrl-C once its restart step waits for the
     server; checks exit 130 and an empty stderr and returns the `data` of the envelope."""
     proc = subprocess.Popen([sys.executable, "-m", "ddtree_deploy.cli", "push", "--host", host, "--overlay", "slow",
-                             "--json", *args], env={**env, "DDTREE_DEPLOY_FORKSERVER": "0"}, text=True,
+                             "--json", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         _wait_for_slow_server(state_dir, proc)

@@ -142,7 +142,6 @@ badwolf.example.com:5309
     jumper = inv.hosts["jumper"]
     assert (jumper.ssh_alias, jumper.ssh_port) == ("192.0.2.50", 5555)
     assert jumper.ssh_key == str(tmp_path / "keys" / "id_ed25519")
-    assert jumper.ssh_options() == ["-o", "Port=5555", "-o", f"IdentityFile={tmp_path / 'keys' / 'id_ed25519'}"]
     assert inv.hosts["badwolf.example.com"].ssh_port == 5309
     assert inv.hosts["192.0.2.51"].ssh_alias == "192.0.2.51"  # a host named by its address connects to it
 
@@ -180,8 +179,8 @@ def test_group_vars_and_host_vars_beside_the_inventory(tmp_path: Path) -> None:
 
 def test_the_ddtree_deploy_ssh_variable_of_the_all_group_sets_the_ssh_settings(tmp_path: Path) -> None:
     inv = load(tmp_path, {"hosts.ini": BASIC_INI,
-                          "group_vars/all/ssh.yml": "ddtree_deploy_ssh: {known_hosts: keys/known_hosts, control_persist_s: 0}\n"})
-    assert inv.ssh.known_hosts == str(tmp_path / "keys" / "known_hosts") and inv.ssh.control_persist_s == 0
+                          "group_vars/all/ssh.yml": "ddtree_deploy_ssh: {known_hosts: keys/known_hosts, connect_timeout_s: 3}\n"})
+    assert inv.ssh.known_hosts == str(tmp_path / "keys" / "known_hosts") and inv.ssh.connect_timeout_s == 3
 
 
 # The page's YAML with children of children and host variables.

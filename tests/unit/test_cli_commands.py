@@ -1,38 +1,50 @@
-"""The app registers only the command a run names (so it imports only that command's modules), or all of them."""
+"""The app registers every command, and a run imports only what its command does (measured, not assumed)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
-from typer.testing import CliRunner
+import yaml
 
-from ddtree_deploy.cli import build_app
-from ddtree_deploy.commands import COMMANDS, GROUPS
+from ddtree_deploy.cli import app
+from sandbox.hosts import SandboxHost
 
-
-def names(verb: str | None) -> set[str]:
-    app = build_app(verb)
-    return {c.name or "" for c in app.registered_commands} | {g.name or "" for g in app.registered_groups}
-
-
-def test_a_named_verb_registers_only_itself_and_anything_else_registers_all() -> None:
-    everything = {n for _, n in COMMANDS} | {n for _, n in GROUPS}
-    assert names("push") == {"push"}
-    assert names("overlay") == {"overlay"}
-    assert names(None) == names("--help") == names("no-such-verb") == everything
+REPO = Path(__file__).resolve().parents[2]
+#: imported by a command that needs them, never by the CLI itself
+HEAVY = ("fabric", "paramiko", "rich", "rich.table", "ddtree_deploy.steps", "ddtree_deploy.overlay",
+         "ddtree_deploy.abi", "ddtree_deploy.snapshot", "ddtree_deploy.playbook", "ddtree_deploy.service")
 
 
-def test_one_registered_command_is_still_a_subcommand() -> None:
-    result = CliRunner().invoke(build_app("rollback"), ["rollback", "--help"])
-    assert result.exit_code == 0 and "--to" in result.stdout
-    typo = CliRunner().invoke(build_app("no-such-verb"), ["no-such-verb"])
-    assert typo.exit_code == 2
+def imported_by(*argv: str, cwd: Path = REPO) -> set[str]:
+    """Modules a `python -X importtime ...` run imported (importtime's report is on stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True, env=env, cwd=cwd)
+    return {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
 
 
-def test_building_the_push_command_imports_neither_steps_nor_overlays_nor_rich_tables() -> None:
-    # push imports those once its hosts are connecting, so that the two overlap
-    code = ("import sys; from ddtree_deploy.cli import build_app; build_app('push'); "
-            "print(sorted(m for m in ('ddtree_deploy.steps', 'ddtree_deploy.overlay', 'rich.table') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+def test_every_command_and_group_is_registered() -> None:
+    names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    assert names == {"status", "push", "rollback", "restart", "stop", "play", "diff", "snapshots", "prune",
+                     "history", "abi", "logs", "unlock", "overlay"}
+
+
+def test_importing_the_cli_imports_no_command_s_work() -> None:
+    imported = imported_by("-c", "import ddtree_deploy.cli")
+    assert "ddtree_deploy.cli" in imported
+    assert sorted(imported & set(HEAVY)) == []
+
+
+def test_status_json_on_a_local_host_imports_no_ssh_stack_and_no_rich(
+        make_host: Callable[..., SandboxHost], tmp_path: Path) -> None:
+    host = make_host("ct129")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"ct129": host.inventory_entry(transport="local")}}))
+
+    imported = imported_by("-m", "ddtree_deploy.cli", "status", "--json", "--inventory", str(inventory), cwd=tmp_path)
+
+    assert "ddtree_deploy.steps" in imported  # it did run the status
+    assert sorted(imported & {"fabric", "paramiko", "rich", "rich.table"}) == []
