@@ -51,7 +51,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from ddtree_deploy.overlay import apply_patch
+from ddtree_deploy.catalog import load_overlay
+from ddtree_deploy.overlay import export
+from ddtree_deploy.plan import apply_patch
 from ddtree_deploy.record import record_path, updated_record
 from sandbox.fleet import STANDIN, free_port, host_entry
 from sandbox.hosts import SGLANG_VERSION, SandboxHost, build_host, package_files
@@ -680,8 +682,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def setup(folder: Path, fleet: Fleet, ansible_fleet: Fleet, overlay: str, say: Callable[[str], None]) -> Bench:
     """Inventories (with and without services), the warmed compile cache, and the Ansible project."""
-    name, _, version = overlay.partition("@")
-    overlay_dir = REPO / "overlays" / name / version
+    overlay_dir = folder / "overlay"  # the version exported whole (what it inherits resolved), as Ansible's role reads it
+    export(load_overlay(overlay, REPO / "overlays"), overlay_dir)
     manifest = yaml.safe_load((overlay_dir / "overlay.yaml").read_text())
     ports = {tool: {name: free_port() for name in fleet.hosts} for tool in (DDTREE, ANSIBLE)}
     entries = service_entries(fleet, ports[DDTREE], folder / "compile-cache.json")

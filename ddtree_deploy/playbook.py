@@ -20,10 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy import steps
 from ddtree_deploy.errors import DeployError, PlaybookError
+from ddtree_deploy.resources import builtin_dir
 from ddtree_deploy.steps import Fact, HostRun, StepOutcome
 from ddtree_deploy.yamlfile import first_problem, read_mapping
 
-BUILTIN_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+#: The built-in playbooks: package data (the repository's playbooks/, see resources.py).
+BUILTIN_DIR = builtin_dir("playbooks")
 INTERRUPTED = "interrupted (Ctrl-C)"
 #: facts the run itself gives before any step, and how the operator gives each
 RUN_INPUTS: dict[Fact, str] = {"overlay": "pass --overlay NAME[@VERSION]"}
@@ -61,7 +63,8 @@ class PlaybookReport(BaseModel):
 
 
 def builtin(name: str) -> Playbook:
-    """A built-in playbook by name (a file in playbooks/: push, rollback, restart, stop, prune)."""
+    """A built-in playbook by name (package data, from the repository's playbooks/: push, rollback, restart, stop,
+    prune)."""
     path = BUILTIN_DIR / f"{name}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))

@@ -19,9 +19,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
+from ddtree_deploy.catalog import load_overlay, overlays_path
 from ddtree_deploy.errors import HelperError, OverlayError, PlaybookError, PreflightError, ProbeError, ServiceError
 from ddtree_deploy.inventory import HostSpec
-from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, load_overlay, overlays_path, plan
+from ddtree_deploy.overlay import Overlay
+from ddtree_deploy.plan import HostFile, Plan, facts_needed, plan
 from ddtree_deploy.probes import LosslessProbe, ProbeSpec
 from ddtree_deploy.probing import ProbeResult, Reference, record_reference, run_probes
 from ddtree_deploy.protocol import DeployedState, HostState, LockController
@@ -282,7 +284,7 @@ def plan_step(run: HostRun, args: NoArgs) -> StepOutcome:
 
 def plan_for_host(t: Transport, overlay: Overlay, base_version: str, *, artifacts_folder: str | None = None,
                   deployed: DeployedState | None = None) -> Plan:
-    """Fetch the facts `overlay.plan` needs from the host (one call) and compute the plan.
+    """Fetch the facts `plan.plan` needs from the host (one call) and compute the plan.
 
     With an overlay deployed, its base snapshot supplies the pristine bytes to patch, and the
     paths it owns but `overlay` does not are reverted. A deployed record made on another sglang

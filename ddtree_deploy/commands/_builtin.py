@@ -38,8 +38,8 @@ def play_builtin(
             # Imported once the hosts are connecting: the steps and their models take longer to import
             # than a connection and a helper take to start, so the two overlap.
             from ddtree_deploy import playbook
+            from ddtree_deploy.catalog import load_overlay, overlays_path
             from ddtree_deploy.commands._play import exit_code, render, run_playbook
-            from ddtree_deploy.overlay import load_overlay, overlays_path
             from ddtree_deploy.steps import RunOptions
 
             the_overlay = load_overlay(overlay, overlays_path(run_options.get("overlays_dir"))) if overlay else None

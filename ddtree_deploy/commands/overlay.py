@@ -1,6 +1,9 @@
-"""`ddtree-deploy overlay list|check`: the overlays on disk, and whether their patches still apply and compile.
+"""`ddtree-deploy overlay list|check|export`: the overlays found, whether their patches still apply and
+compile, and one version written out whole.
 
-Overlays are read from `--overlays DIR`, else $DDTREE_OVERLAYS, else ./overlays.
+Registration (commands/__init__.py): GROUPS += [("overlay", "overlay")] (this module exposes `app`).
+Overlays are looked up in `--overlays DIR`, $DDTREE_OVERLAYS, ./overlays, then the built-ins (catalog.py).
+`export` imports no SSH stack: the GPU machine runs it to patch a package by hand.
 """
 
 from __future__ import annotations
@@ -11,31 +14,33 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy.errors import OverlayError
 
-if TYPE_CHECKING:
-    from ddtree_deploy.overlay import Overlay, OverlayCheckReport, OverlayList
+if TYPE_CHECKING:  # the command bodies import what they use: the CLI's start stays cheap
+    from ddtree_deploy.catalog import OverlayList, OverlaySearch
+    from ddtree_deploy.overlay import Overlay, OverlayExport
+    from ddtree_deploy.pristine import OverlayCheckReport
 
-app = typer.Typer(help="Overlays: list them; check their patches against pristine sglang releases.",
+app = typer.Typer(help="Overlays: list them; check their patches against pristine sglang releases; export one.",
                   no_args_is_help=True)
 
 OverlaysOption = Annotated[
     str | None,
-    typer.Option("--overlays", envvar="DDTREE_OVERLAYS", help="Folder of overlays (default ./overlays)."),
+    typer.Option("--overlays", help="Folder of overlays, searched before $DDTREE_OVERLAYS, ./overlays and the built-ins."),
 ]
 
 
 @app.command("list")
 def list_command(overlays: OverlaysOption = None, as_json: out.JsonOption = False) -> None:
-    """Show every overlay version: description, supported sglang releases, files, patches, artifacts.
+    """Show every overlay version: its parent, where it came from, supported sglang releases, files, patches,
+    artifacts, description.
 
     Exit codes: 0 all valid; 2 an overlay version is invalid (its row says why).
     """
-    from ddtree_deploy.overlay import OverlayList, list_overlays, overlays_path
+    from ddtree_deploy.catalog import OverlayList, list_overlays, overlays_path
 
     with out.errors_rendered(as_json):
-        folder = overlays_path(overlays)
-        result = OverlayList(folder=str(folder), overlays=list_overlays(folder))
+        search = overlays_path(overlays)
+        result = OverlayList(folders=search.folders, overlays=list_overlays(search))
     broken = any(row.error for row in result.overlays)
     out.emit(result, as_json=as_json, human=_render_list, code=out.ExitCode.BAD_INPUT if broken else out.ExitCode.OK)
 
@@ -57,41 +62,71 @@ def check_command(
 
     Exit codes: 0 everything applies and compiles; 1 a conflict or a compile error; 2 a bad overlay.
     """
-    from ddtree_deploy.overlay import OverlayCheckReport, check_overlay, load_overlay, overlays_path
+    from ddtree_deploy.catalog import load_overlay, overlays_path
+    from ddtree_deploy.pristine import OverlayCheckReport, check_overlay
 
     with out.errors_rendered(as_json):
-        folder = overlays_path(overlays)
-        targets = [load_overlay(spec, folder)] if spec else _every_version(folder)
+        search = overlays_path(overlays)
+        targets = [load_overlay(spec, search)] if spec else _every_version(search)
         with out.progress("applying patches to pristine releases", as_json):
             checks = [check_overlay(overlay, base) for overlay in targets]
     report = OverlayCheckReport(ok=all(c.ok for c in checks), checks=checks)
     out.emit(report, as_json=as_json, human=_render_check, code=out.ExitCode.OK if report.ok else out.ExitCode.FAILED)
 
 
-def _every_version(folder: Path) -> list[Overlay]:
-    from ddtree_deploy.overlay import OVERLAYS_ENV, list_overlays, read_overlay
+@app.command("export")
+def export_command(
+    spec: Annotated[str, typer.Argument(metavar="NAME[@VERSION]", help="Overlay version (default: the newest).")],
+    folder: Annotated[Path, typer.Argument(help="New (or empty) folder to write the version into.")],
+    overlays: OverlaysOption = None,
+    as_json: out.JsonOption = False,
+) -> None:
+    """Write one version, resolved through its parents, as a folder of its own: overlay.yaml (without
+    `inherits`), files/, patches/, files-<cuda>/. For patching a package by hand (tools/gpu/apply_overlay.sh).
 
-    rows = list_overlays(folder)
+    Exit codes: 0 written; 2 an unknown or invalid overlay, or a folder that is not empty.
+    """
+    from ddtree_deploy.catalog import load_overlay, overlays_path
+    from ddtree_deploy.overlay import OverlayExport, export
+
+    with out.errors_rendered(as_json):
+        overlay = load_overlay(spec, overlays_path(overlays))
+        result = OverlayExport(overlay=overlay.label, folder=str(folder), files=export(overlay, folder))
+    out.emit(result, as_json=as_json, human=_render_export)
+
+
+def _render_export(result: OverlayExport) -> None:
+    from rich.markup import escape
+
+    out.console.print(f"{result.overlay}: {len(result.files)} files written to {escape(result.folder)}")
+
+
+def _every_version(search: OverlaySearch) -> list[Overlay]:
+    from ddtree_deploy.catalog import OVERLAYS_ENV, list_overlays, load_overlay
+    from ddtree_deploy.errors import OverlayError
+
+    rows = list_overlays(search)
     if not rows:
-        raise OverlayError(f"no overlays in {folder}", code="unknown_overlay",
+        raise OverlayError(f"no overlays in {search.describe()}", code="unknown_overlay",
                            hint=f"pass --overlays DIR or set {OVERLAYS_ENV}")
-    return [read_overlay(folder / row.name / row.version) for row in rows]
+    return [load_overlay(f"{row.name}@{row.version}", search) for row in rows]
 
 
 def _render_list(result: OverlayList) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"overlays in {result.folder}", title_justify="left")
-    for column in ("overlay", "bases", "files", "patches", "artifacts", "description"):
+    searched = ", ".join(f"{escape(str(f.path))} ({f.origin})" for f in result.folders) or "nothing"
+    table = Table(title=f"overlays (searched: {searched})", title_justify="left")
+    for column in ("overlay", "inherits", "from", "bases", "files", "patches", "holds", "artifacts", "description"):
         table.add_column(column, overflow="fold")
     for row in result.overlays:
-        label = f"{row.name}@{row.version}"
+        label, source = f"{row.name}@{row.version}", row.origin
         if row.error:
-            table.add_row(label, "", "", "", "", f"[red]invalid: {escape(row.error)}[/]")
+            table.add_row(label, "", source, "", "", "", "", "", f"[red]invalid: {escape(row.error)}[/]")
         else:
-            table.add_row(label, ", ".join(row.bases), str(row.files), str(row.patches),
-                          ", ".join(row.artifacts) or "-", escape(row.description))
+            table.add_row(label, row.inherits or "-", source, ", ".join(row.bases), str(row.files), str(row.patches),
+                          str(row.holds), ", ".join(row.artifacts) or "-", escape(row.description))
     out.console.print(table)
 
 

@@ -30,8 +30,8 @@ def play(
 ) -> None:
     """Run a playbook's steps on the selected hosts; unknown steps or arguments are refused before any host is touched."""
     from ddtree_deploy import playbook
+    from ddtree_deploy.catalog import load_overlay, overlays_path
     from ddtree_deploy.commands._play import exit_code, render, run_playbook
-    from ddtree_deploy.overlay import load_overlay, overlays_path
     from ddtree_deploy.steps import RunOptions
 
     with out.errors_rendered(as_json):

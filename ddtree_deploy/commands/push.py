@@ -12,7 +12,7 @@ from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount
 
 OverlayOption = Annotated[str, typer.Option("--overlay", "-o", help="NAME[@VERSION]; default: newest version.")]
 OverlaysDirOption = Annotated[
-    str | None, typer.Option("--overlays", envvar="DDTREE_OVERLAYS", help="Overlays folder (default ./overlays).")
+    str | None, typer.Option("--overlays", help="Overlays folder, searched before $DDTREE_OVERLAYS, ./overlays, the built-ins.")
 ]
 WaveOption = Annotated[Amount, typer.Option(
     "--wave-size", parser=Amount.parse, metavar="N|N%",

@@ -1,5 +1,6 @@
-"""Fixtures for the DDTree core tests: the overlay's ddtree_utils.py and its CPU decode tool,
-imported by file path (no sglang install needed), and the logit families the tests share."""
+"""Fixtures for the DDTree core tests: the newest ddtree version's ddtree_utils.py (resolved through
+`inherits`) and its CPU decode tool, imported by file path (no sglang install needed), and the logit
+families the tests share."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from types import ModuleType
 import pytest
 import torch
 
-OVERLAY = Path(__file__).resolve().parents[2] / "overlays" / "ddtree"
-DDTREE_UTILS = OVERLAY / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
-DECODE_TOOL = OVERLAY / "tools/ddtree_cpu_decode.py"
-# 0.2.1 adds the round's tensor programs (verify inputs, commit plan) beside the same core.
-DDTREE_UTILS_021 = OVERLAY / "0.2.1/files/sglang/srt/speculative/ddtree_utils.py"
+from ddtree_deploy.catalog import load_overlay
+
+OVERLAYS = Path(__file__).resolve().parents[2] / "overlays"
+DECODE_TOOL = OVERLAYS / "ddtree/tools/ddtree_cpu_decode.py"
+DDTREE_UTILS = "sglang/srt/speculative/ddtree_utils.py"
 
 
 def load_by_path(name: str, path: Path) -> ModuleType:
@@ -30,21 +31,27 @@ def load_by_path(name: str, path: Path) -> ModuleType:
     return sys.modules[name]
 
 
+def ddtree_utils(spec: str) -> Path:
+    """The ddtree_utils.py that version `spec` lands, resolved through `inherits`."""
+    return load_overlay(spec, OVERLAYS).source_of(DDTREE_UTILS, None)
+
+
 @pytest.fixture(scope="session")
 def dd() -> ModuleType:
-    """The overlay's sglang/srt/speculative/ddtree_utils.py."""
-    return load_by_path("ddtree_utils_overlay", DDTREE_UTILS)
+    """The newest ddtree version's sglang/srt/speculative/ddtree_utils.py (the decode tool's too)."""
+    return load_by_path("ddtree_utils_overlay", ddtree_utils("ddtree"))
 
 
 @pytest.fixture(scope="session")
-def dd021() -> ModuleType:
-    """Overlay 0.2.1's ddtree_utils.py (the copy the 0.2.1 worker imports)."""
-    return load_by_path("ddtree_utils_overlay_021", DDTREE_UTILS_021)
+def dd010() -> ModuleType:
+    """Release 0.1.0's ddtree_utils.py, for what only its core has (the newest does not carry it yet):
+    several float64 fold-replay passes (`sibling_fold_passes=`) and the summary's top-1 agreement."""
+    return load_by_path("ddtree_utils_overlay_010", ddtree_utils("ddtree@0.1.0"))
 
 
 @pytest.fixture(scope="session")
 def decode_tool() -> ModuleType:
-    """overlays/ddtree/tools/ddtree_cpu_decode.py (shares the same ddtree_utils module)."""
+    """overlays/ddtree/tools/ddtree_cpu_decode.py (it imports the same newest ddtree_utils module)."""
     return load_by_path("ddtree_cpu_decode", DECODE_TOOL)
 
 

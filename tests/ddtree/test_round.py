@@ -1,4 +1,4 @@
-"""Overlay ddtree 0.2.1: the round's two tensor programs (`ddtree_verify_inputs`,
+"""The newest ddtree core (since 0.2.1): the round's two tensor programs (`ddtree_verify_inputs`,
 `ddtree_commit_plan`), which the worker captures in CUDA graphs, against a per-request
 reference built on the host walk `follow_verified_tree`."""
 
@@ -51,11 +51,11 @@ def batch_round(dd: ModuleType, budget: int, seed: int) -> dict[str, Any]:
 
 @pytest.mark.parametrize("budget", [7, 16, 64])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_verify_inputs_and_commit_plan_match_the_host_walk(dd021: ModuleType, budget: int, seed: int) -> None:
-    r = batch_round(dd021, budget, seed)
+def test_verify_inputs_and_commit_plan_match_the_host_walk(dd: ModuleType, budget: int, seed: int) -> None:
+    r = batch_round(dd, budget, seed)
     tree = r["tree"]
-    ids, positions, slots = dd021.ddtree_verify_inputs(tree, r["bonus"], r["prefix"], r["pool"], r["req_to_token"])
-    plan = dd021.ddtree_commit_plan(tree, r["picks"], ids, slots, r["prefix"])
+    ids, positions, slots = dd.ddtree_verify_inputs(tree, r["bonus"], r["prefix"], r["pool"], r["req_to_token"])
+    plan = dd.ddtree_commit_plan(tree, r["picks"], ids, slots, r["prefix"])
     accepted_somewhere = False
     for b in range(3):
         single = tree.tree(b)
@@ -69,7 +69,7 @@ def test_verify_inputs_and_commit_plan_match_the_host_walk(dd021: ModuleType, bu
         assert positions[b].tolist() == [prefix + d for d in want_depths]
         assert slots[b].tolist() == want_slots
         # commit plan: the host walk decides the path and the bonus
-        path, bonus = dd021.follow_verified_tree(single, r["picks"][b, : n + 1])
+        path, bonus = dd.follow_verified_tree(single, r["picks"][b, : n + 1])
         path = path.tolist()
         accepted = len(path) - 1
         accepted_somewhere |= accepted >= 2
@@ -83,30 +83,30 @@ def test_verify_inputs_and_commit_plan_match_the_host_walk(dd021: ModuleType, bu
     assert accepted_somewhere, "the picks should follow the tree often enough to accept 2+ nodes"
 
 
-def test_commit_plan_keeps_dtypes_the_worker_relies_on(dd021: ModuleType) -> None:
-    r = batch_round(dd021, 16, 5)
-    ids, _, slots = dd021.ddtree_verify_inputs(r["tree"], r["bonus"], r["prefix"], r["pool"], r["req_to_token"])
-    plan = dd021.ddtree_commit_plan(r["tree"], r["picks"], ids, slots, r["prefix"].to(torch.int32))
+def test_commit_plan_keeps_dtypes_the_worker_relies_on(dd: ModuleType) -> None:
+    r = batch_round(dd, 16, 5)
+    ids, _, slots = dd.ddtree_verify_inputs(r["tree"], r["bonus"], r["prefix"], r["pool"], r["req_to_token"])
+    plan = dd.ddtree_commit_plan(r["tree"], r["picks"], ids, slots, r["prefix"].to(torch.int32))
     assert slots.dtype == torch.int64
     assert plan.commit_lens.dtype == torch.int32
     assert plan.new_seq_lens.dtype == torch.int32
     assert sorted(plan.committed_slots[0].tolist()) == sorted(slots[0].tolist())  # a permutation
 
 
-def test_padded_rows_with_stale_lengths_never_index_past_the_table(dd021: ModuleType) -> None:
+def test_padded_rows_with_stale_lengths_never_index_past_the_table(dd: ModuleType) -> None:
     """Inside a CUDA graph, rows past the batch carry stale lengths; the slot read is clamped."""
-    r = batch_round(dd021, 16, 3)
+    r = batch_round(dd, 16, 3)
     far = torch.tensor([CONTEXT - 2, CONTEXT + 50, 0])
-    _, _, slots = dd021.ddtree_verify_inputs(r["tree"], r["bonus"], far, r["pool"], r["req_to_token"])
+    _, _, slots = dd.ddtree_verify_inputs(r["tree"], r["bonus"], far, r["pool"], r["req_to_token"])
     assert slots.shape == (3, 17)
 
 
 @pytest.mark.parametrize("seed", [0, 4])
-def test_draft_top1_agreement_per_depth(dd021: ModuleType, seed: int) -> None:
-    r = batch_round(dd021, 16, seed)
+def test_draft_top1_agreement_per_depth(dd: ModuleType, seed: int) -> None:
+    r = batch_round(dd, 16, seed)
     top1 = r["logits"].argmax(dim=-1)
-    accept_len, path = dd021.follow_verified_tree_batch(r["tree"], r["picks"])
-    got = dd021.draft_top1_agreement(top1, r["picks"], path, accept_len).tolist()
+    accept_len, path = dd.follow_verified_tree_batch(r["tree"], r["picks"])
+    got = dd.draft_top1_agreement(top1, r["picks"], path, accept_len).tolist()
     for b in range(3):
         want = []
         for depth in range(1, BLOCK):

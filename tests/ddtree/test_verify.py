@@ -153,20 +153,24 @@ def test_walk_accepts_token_zero_and_ignores_padding(dd: ModuleType) -> None:
     assert lengths.tolist() == [4] and paths[0].tolist() == [0, 1, 2, 3]
 
 
-def test_summary_and_prefix_closed_check(dd: ModuleType) -> None:
+def summary_case(dd: ModuleType) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """A 7-node tree with two near-equal tokens per depth, picks that accept two nodes, and the path."""
     logits = torch.zeros(3, 10)
     logits[:, 4] = 3.0
     logits[:, 6] = 2.9
     tree = dd.build_ddtree_tree(logits, 7)
     picks = torch.tensor([4, 6] + [9] * 6)
     accepted, _ = dd.follow_verified_tree(tree, picks)
-    summary = dd.summarize_ddtree(tree, accepted, picks)
+    return tree, accepted, picks
+
+
+def test_summary_and_prefix_closed_check(dd: ModuleType) -> None:
+    tree, accepted, _ = summary_case(dd)
+    summary = dd.summarize_ddtree(tree, accepted)
     assert summary["budget"] == 7 and summary["nodes"] == 7
     assert summary["nodes_per_depth"] == [2, 4, 1] and summary["max_depth"] == 3
     assert summary["leaves"] == 4 and summary["max_branching"] == 2
     assert summary["accepted_nodes"] == 2 and summary["accepted_depth"] == 2 and summary["accept_length"] == 3
-    # Depth 1: the target took the draft's top token (4); depth 2: the runner-up (6), a leaf.
-    assert summary["top1_agreement"] == [True, False]
     dd.assert_prefix_closed(tree)
     broken = dd.DDTree(**{**tree.__dict__, "parents": torch.tensor([-1, 0, 0, 1, 5, 2, 2, 3])})
     with pytest.raises(AssertionError, match="node 4: parent 5"):
@@ -174,3 +178,12 @@ def test_summary_and_prefix_closed_check(dd: ModuleType) -> None:
     broken = dd.DDTree(**{**tree.__dict__, "visibility": torch.eye(8, dtype=torch.bool)})
     with pytest.raises(AssertionError, match="visibility"):
         dd.assert_prefix_closed(broken)
+
+
+def test_010s_summary_has_the_top1_agreement_along_the_path(dd010: ModuleType) -> None:
+    """0.1.0's summary takes the target's picks (the newest core has `draft_top1_agreement`, test_round.py)."""
+    tree, accepted, picks = summary_case(dd010)
+    summary = dd010.summarize_ddtree(tree, accepted, picks)
+    assert summary["accepted_nodes"] == 2 and summary["accept_length"] == 3
+    # Depth 1: the target took the draft's top token (4); depth 2: the runner-up (6), a leaf.
+    assert summary["top1_agreement"] == [True, False]

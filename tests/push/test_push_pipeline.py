@@ -222,7 +222,12 @@ def test_history_tells_what_was_done_on_the_host_and_from_here(fleet: Fleet) -> 
 def test_rollback_to_an_overlay_whose_manifest_is_gone_still_restores(fleet: Fleet, tmp_path: Path) -> None:
     assert fleet.json("rollback", "--host", "ct200")[0] == 0
     pristine = fleet.package_digest()
-    assert fleet.json("push", "--host", "ct200", "--overlay", "ddtree@0.1.0")[0] == 0
+    # ddtree 0.1.0 under a name only this folder has (the built-in ddtree is always found).
+    mine = tmp_path / "mine"
+    assert fleet.cli("overlay", "export", "ddtree@0.1.0", str(mine / "gone" / "0.1.0")).returncode == 0
+    manifest = mine / "gone" / "0.1.0" / "overlay.yaml"
+    manifest.write_text(manifest.read_text().replace("name: ddtree", "name: gone"))
+    assert fleet.json("push", "--host", "ct200", "--overlay", "gone@0.1.0", "--overlays", str(mine))[0] == 0
     on_010 = fleet.package_digest()
     assert fleet.json("push", "--host", "ct200", "--overlay", "lossy", "--no-rollback")[0] == 3
     empty = tmp_path / "overlays"
@@ -231,7 +236,7 @@ def test_rollback_to_an_overlay_whose_manifest_is_gone_still_restores(fleet: Fle
     result = json.loads(proc.stdout)["data"]["hosts"][0]["result"]
     assert proc.returncode == 0 and result["outcome"] == "ok", result
     restore = next(s for s in result["steps"] if s["step"] == "restore")
-    assert "ddtree@0.1.0" in restore["message"] and "inventory's args only" in restore["message"]
+    assert "gone@0.1.0" in restore["message"] and "inventory's args only" in restore["message"]
     assert fleet.package_digest() == on_010
     assert fleet.json("rollback", "--host", "ct200")[0] == 0
     assert fleet.package_digest() == pristine

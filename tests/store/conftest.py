@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from store_helpers import OVERLAYS, build_small_site, make_ctx
 
+from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.hostside import objects
 from ddtree_deploy.hostside.common import Context
-from ddtree_deploy.overlay import Overlay, load_overlay
+from ddtree_deploy.overlay import Overlay
 from sandbox.hosts import release_image
 
 

@@ -23,7 +23,8 @@ import pytest
 from ddtree_deploy.hostside import objects, store, transactions
 from ddtree_deploy.hostside.common import Context, read_json
 from ddtree_deploy.inventory import HostSpec
-from ddtree_deploy.overlay import HostFile, Overlay, Plan, facts_needed, plan
+from ddtree_deploy.overlay import Overlay
+from ddtree_deploy.plan import HostFile, Plan, facts_needed, plan
 from ddtree_deploy.transport import LocalTransport
 
 OVERLAYS = Path(__file__).parent / "overlays"

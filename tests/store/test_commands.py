@@ -14,10 +14,10 @@ import yaml
 from store_helpers import OVERLAYS, local_transport, tree_state
 from typer.testing import CliRunner
 
+from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.commands import diff, overlay, snapshots
 from ddtree_deploy.errors import PreflightError, UsageError
 from ddtree_deploy.output import ExitCode, exit_code_for
-from ddtree_deploy.overlay import load_overlay
 from ddtree_deploy.remote import locks, store, transactions
 from ddtree_deploy.steps import plan_for_host
 
@@ -46,11 +46,15 @@ def inventory(site: Path, tmp_path: Path) -> Path:
     return path
 
 
-def test_overlay_list_json(tmp_path: Path) -> None:
+def test_overlay_list_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./overlays here: ddtree comes from the built-ins
     code, out, err = run("overlay", "list", "--overlays", str(OVERLAYS), "--json")
     assert (code, err) == (0, "")
-    assert [(o["name"], o["version"], o["bases"]) for o in out["data"]["overlays"]] == [
-        ("mini", "0.1.0", ["0.5.17"]), ("mini", "0.2.0", ["0.5.17"])]
+    rows = [(o["name"], o["version"], o["bases"], o["inherits"], o["origin"]) for o in out["data"]["overlays"]]
+    assert [row for row in rows if row[0] == "mini"] == [
+        ("mini", "0.1.0", ["0.5.17"], None, "--overlays"), ("mini", "0.2.0", ["0.5.17"], "0.1.0", "--overlays")]
+    assert {row[4] for row in rows if row[0] == "ddtree"} == {"built-in"}
+    assert [f["origin"] for f in out["data"]["folders"]] == ["--overlays", "built-in"]
 
 
 def test_overlay_check_reports_conflicts_and_bad_yaml_with_exit_codes(tmp_path: Path) -> None:
@@ -62,9 +66,10 @@ def test_overlay_check_reports_conflicts_and_bad_yaml_with_exit_codes(tmp_path: 
     diff_file.write_text(diff_file.read_text().replace(" def is_dflash(self)", " def is_dflash_x(self)"))
     code, out, err = run("overlay", "check", "--overlays", str(folder), "--json")  # every version
     assert (code, err) == (ExitCode.FAILED, "")
-    checks = {c["version"]: c for c in out["data"]["checks"]}
-    assert checks["0.2.0"]["ok"] and not checks["0.1.0"]["ok"]
-    conflict = checks["0.1.0"]["bases"][0]["conflicts"][0]
+    checks = {f'{c["overlay"]}@{c["version"]}': c for c in out["data"]["checks"]}
+    assert checks["mini@0.2.0"]["ok"] is False  # it inherits 0.1.0's spec_info patch
+    assert not checks["mini@0.1.0"]["ok"] and checks["ddtree@0.2.2"]["ok"]
+    conflict = checks["mini@0.1.0"]["bases"][0]["conflicts"][0]
     assert (conflict["file"], conflict["hunk"]) == (SPEC_INFO, 1)
     (folder / "mini/0.1.0/overlay.yaml").write_text("name: [mini\n")
     code, out, err = run("overlay", "check", "mini@0.1.0", "--overlays", str(folder), "--json")

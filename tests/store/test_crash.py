@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from store_helpers import OVERLAYS, local_transport, run_and_kill, tree_state
 
+from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.errors import HelperError
-from ddtree_deploy.overlay import Plan, load_overlay
+from ddtree_deploy.plan import Plan
 from ddtree_deploy.remote import drift, locks, store, transactions
 from ddtree_deploy.steps import plan_for_host
 from ddtree_deploy.transport import LocalTransport

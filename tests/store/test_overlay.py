@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from store_helpers import OVERLAYS
 
+from ddtree_deploy.catalog import list_overlays, load_overlay
 from ddtree_deploy.errors import DeployError, OverlayError, PreflightError
-from ddtree_deploy.overlay import HostFile, Overlay, Plan, check_overlay, list_overlays, load_overlay, plan
+from ddtree_deploy.overlay import Overlay
+from ddtree_deploy.plan import HostFile, Plan, plan
+from ddtree_deploy.pristine import check_overlay
 
 SERVER_ARGS = "sglang/srt/server_args.py"
 SPEC_INFO = "sglang/srt/speculative/spec_info.py"

@@ -22,10 +22,11 @@ mkdir -p /tmp/jitcache
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 echo "[$(el)s] site and models ready"
 
-# Overlays the tool sees: the repo's ddtree versions plus a broken 0.2.99 made here.
+# Overlays the tool sees: the repo's ddtree versions plus a broken 0.2.99 made here (version $V
+# exported whole, i.e. with what it inherits, then broken).
 OV=/tmp/ovl; rm -rf "$OV"; mkdir -p "$OV"; cp -r overlays/ddtree "$OV/ddtree"
-B=$OV/ddtree/0.2.99; cp -r "$OV/ddtree/$V" "$B"
-sed -i "s/^version: $V\$/version: 0.2.99/; s/^description: >-/description: >-\n  DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof./" "$B/overlay.yaml"
+B=$OV/ddtree/0.2.99; PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$B" --overlays overlays >/dev/null
+sed -i "s/^version: $V\$/version: 0.2.99  # DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof/" "$B/overlay.yaml"
 printf 'raise RuntimeError("ddtree 0.2.99 is deliberately broken (rollback proof)")\n' >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
 
 PY=$(command -v python3)
@@ -52,7 +53,7 @@ hosts:
     probes:
       - {kind: http, path: /health, status: 200}
 YAML
-cp "overlays/ddtree/$V/overlay.yaml" "$W/overlay-$V.yaml"
+PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$W/overlay-$V" --overlays overlays >/dev/null
 # The tool runs from this checkout with the image's python (rich, typer, yaml, requests are there;
 # pydantic comes from /tmp/site).
 tool() {  # name timeout args...

@@ -18,7 +18,8 @@ Two model pairs, built in-process (nothing is downloaded):
   (second quarter) its top two tokens nearly tie: there a tree beats the chain.
 
 Run ``python overlays/ddtree/tools/ddtree_cpu_decode.py`` to print acceptance lengths per
-budget against a chain (budget = L, rank-0 children only).
+budget against a chain (budget = L, rank-0 children only). It runs the newest ddtree version's
+``ddtree_utils.py`` (ddtree-deploy resolves it through ``inherits``; install it first).
 """
 
 from __future__ import annotations
@@ -35,10 +36,9 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
-DDTREE_UTILS = (
-    Path(__file__).resolve().parents[1]
-    / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
-)
+# The overlays folder holding ddtree/ (the repository's, or the built-ins of an installed ddtree-deploy).
+OVERLAYS = Path(__file__).resolve().parents[2]
+DDTREE_UTILS = "sglang/srt/speculative/ddtree_utils.py"
 BLOCK_SIZE = 8  # as make_models.py's drafter: L = 7 draft depths
 VOCAB = 512
 HIDDEN = 128
@@ -52,11 +52,19 @@ Drafter = Callable[[List[int], torch.Tensor], torch.Tensor]
 Pair = Tuple[Qwen3ForCausalLM, Callable[[List[int], List[int]], Drafter]]
 
 
+def ddtree_utils_path(spec: str = "ddtree") -> Path:
+    """The ddtree_utils.py a version lands (default: the newest), resolved through ``inherits``
+    by ddtree-deploy's own loader."""
+    from ddtree_deploy.catalog import load_overlay
+
+    return load_overlay(spec, OVERLAYS).source_of(DDTREE_UTILS, None)
+
+
 def load_ddtree_utils() -> ModuleType:
-    """Import the overlay's ddtree_utils.py by path (no sglang install needed)."""
+    """Import the newest version's ddtree_utils.py by path (no sglang install needed)."""
     name = "ddtree_utils_overlay"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, DDTREE_UTILS)
+        spec = importlib.util.spec_from_file_location(name, ddtree_utils_path())
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
