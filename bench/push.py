@@ -53,7 +53,7 @@ from pydantic import BaseModel
 
 from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.overlay import export
-from ddtree_deploy.plan import apply_patch
+from ddtree_deploy.patching import apply_patch
 from ddtree_deploy.record import record_path, updated_record
 from sandbox.fleet import STANDIN, free_port, host_entry
 from sandbox.hosts import SGLANG_VERSION, SandboxHost, build_host, package_files

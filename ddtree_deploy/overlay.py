@@ -2,9 +2,10 @@
 
 A version lives in `<folder>/<name>/<version>/`: `overlay.yaml`, whole files under `files/`, compiled
 artifacts under `files-<cuda>/`, and one unified diff per patched file per base release under
-`patches/<base>/<path>.diff`. A version that `inherits:` an older one holds only what it changes; the
-rest resolves from its parent chain when it loads (overlays/ddtree/README.md states the rules), so an
-`Overlay` is always the whole version a push lands. Nothing here touches a host.
+`patches/<base>/<path>.diff`. A version that `inherits:` an older one holds only what it changes: new
+files whole, and its changes to a file it inherits as a diff against the parent's bytes under
+`edits/<path>.diff`; the rest resolves from its parent chain when it loads (overlays/ddtree/README.md
+states the rules), so an `Overlay` is always the whole version a push lands. Nothing here touches a host.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pydantic import (
 
 from ddtree_deploy.abi import ArtifactBuild, Requires
 from ddtree_deploy.errors import OverlayError
+from ddtree_deploy.patching import apply_patch
 from ddtree_deploy.probes import ProbeSpec
 from ddtree_deploy.yamlfile import first_problem, read_mapping
 
@@ -85,6 +87,8 @@ class OverlayManifest(_Strict):
     patches: dict[str, dict[PackagePath, Sha256]] = Field(
         default_factory=dict, description="base release -> {patched path: sha256 of the pristine file}")
     artifacts: dict[str, ArtifactBuild] = Field(default_factory=dict)
+    edits: list[PackagePath] = Field(
+        default_factory=list, description="inherited whole files this version changes, as diffs under edits/")
     drops: list[PackagePath] = Field(default_factory=list, description="inherited paths this version no longer ships")
     server: ServerSpec = Field(default_factory=ServerSpec)
     probes: list[ProbeSpec] = Field(default_factory=list)
@@ -102,6 +106,11 @@ class OverlayManifest(_Strict):
         doubled = set(self.files) & self.patched_paths()
         if doubled:
             raise ValueError(f"{min(doubled)} is both a whole file and a patched file")
+        if self.edits and self.inherits is None:
+            raise ValueError("edits needs inherits: a version without a parent has no file to edit")
+        both = sorted(set(self.edits) & (set(self.files) | self.patched_paths()))
+        if both:
+            raise ValueError(f"{both[0]} is both edited and shipped whole or patched")
         return self
 
     @field_validator("drops")
@@ -110,6 +119,7 @@ class OverlayManifest(_Strict):
         if drops and info.data.get("inherits") is None:
             raise ValueError("needs inherits: a version without a parent has nothing to drop")
         shipped = set(info.data.get("files", [])) | {p for per in info.data.get("patches", {}).values() for p in per}
+        shipped |= set(info.data.get("edits", []))
         both = sorted(set(drops) & shipped)
         if both:
             raise ValueError(f"{both[0]} is both dropped and shipped")
@@ -120,7 +130,7 @@ class OverlayManifest(_Strict):
 
     def layout(self) -> set[str]:
         """Every file of the version folder, relative to it (the manifest aside)."""
-        held = {f"files/{p}" for p in self.files}
+        held = {f"files/{p}" for p in self.files} | {f"edits/{p}.diff" for p in self.edits}
         held |= {f"patches/{base}/{p}.diff" for base, per in self.patches.items() for p in per}
         return held | {f"files-{v}/{p}" for v, build in self.artifacts.items() for p in build.files}
 
@@ -130,7 +140,10 @@ class Overlay(BaseModel):
 
     manifest: OverlayManifest = Field(description="the whole version: its own fields and everything inherited")
     root: Path = Field(description="the version's own folder")
-    sources: dict[str, Path] = Field(description="each file of the resolved layout -> the folder file holding it")
+    sources: dict[str, Path] = Field(
+        description="each file of the resolved layout -> the folder file holding it (for an edited file: the "
+                    "ancestor's file it was derived from, whose mode it keeps)")
+    edited: dict[str, bytes] = Field(default_factory=dict, description="layout files made by edits -> their bytes")
     held: list[str] = Field(default_factory=list, description="the layout files this version's folder holds")
 
     @property
@@ -176,8 +189,16 @@ class Overlay(BaseModel):
         return artifacts_folder if artifacts_folder and path in self._artifacts(artifacts_folder) else "files"
 
     def source_of(self, path: str, artifacts_folder: str | None) -> Path:
-        """The overlay file that becomes `path` on the host (files/ or files-<cuda>/, here or in a parent)."""
+        """The overlay file that becomes `path` on the host (files/ or files-<cuda>/, here or in a parent;
+        for an edited file, the one it was derived from): its mode is the host file's."""
         return self.sources[f"{self.folder_of(path, artifacts_folder)}/{path}"]
+
+    def content_of(self, path: str, artifacts_folder: str | None) -> bytes:
+        """The bytes `path` gets on the host: the file itself, or the result of this chain's edits."""
+        return self._layout_bytes(f"{self.folder_of(path, artifacts_folder)}/{path}")
+
+    def _layout_bytes(self, rel: str) -> bytes:
+        return self.edited[rel] if rel in self.edited else self.sources[rel].read_bytes()
 
 
 # ---------------------------------------------------------------- reading a version
@@ -240,19 +261,48 @@ def _inherit(own: OverlayManifest, root: Path, held: set[str], parent: Overlay) 
             raise OverlayError(f"{path}: field drops: {parent.label} does not ship {dropped}",
                                hint="drop only files or patched files the parent version ships")
     for rel in sorted(held & set(parent.sources)):
-        if (root / rel).read_bytes() == parent.sources[rel].read_bytes():
+        if (root / rel).read_bytes() == parent._layout_bytes(rel):
             raise OverlayError(
                 f"{path}: field {_field_of(rel)}: {rel} is a byte copy of {parent.sources[rel]} ({parent.label})",
                 hint=f"delete {root / rel} and unlist it: a version inherits what it does not change")
+    edited = {rel: data for rel, data in parent.edited.items() if rel.removeprefix("files/") not in own.drops}
+    edited.update(_edits(own, root, parent))
     replaced = set(own.drops) | set(own.files) | own.patched_paths()
-    files = sorted({p for p in parent.manifest.files if p not in replaced} | set(own.files))
+    files = sorted({p for p in parent.manifest.files if p not in replaced} | set(own.files) | set(own.edits))
     patches = {base: {**{p: sha for p, sha in parent.manifest.patches.get(base, {}).items() if p not in replaced},
                       **own.patches.get(base, {})} for base in own.target.bases}
     manifest = own.model_copy(update={
-        "files": files, "patches": {base: per for base, per in patches.items() if per},
+        "files": files, "patches": {base: per for base, per in patches.items() if per}, "edits": [],
         "artifacts": {**parent.manifest.artifacts, **own.artifacts}})
     sources = {rel: root / rel if rel in held else parent.sources[rel] for rel in sorted(manifest.layout())}
-    return Overlay(manifest=manifest, root=root, sources=sources, held=sorted(held))
+    edited = {rel: data for rel, data in edited.items() if rel in sources and rel not in held}  # a whole file wins
+    return Overlay(manifest=manifest, root=root, sources=sources, edited=edited, held=sorted(held))
+
+
+def _edits(own: OverlayManifest, root: Path, parent: Overlay) -> dict[str, bytes]:
+    """Each of `own`'s edits applied to the parent's bytes of that file (which may be an edit themselves).
+
+    Raises:
+        OverlayError: an edit of a file the parent does not ship whole, a diff that does not apply
+            (naming the hunk), or one that changes nothing.
+    """
+    path = root / MANIFEST
+    result = {}
+    for edit in own.edits:
+        rel, diff = f"files/{edit}", root / "edits" / f"{edit}.diff"
+        if edit not in parent.manifest.files:
+            raise OverlayError(f"{path}: field edits: {parent.label} does not ship {edit} as a whole file",
+                               hint="edit only files the parent ships under files/; add a new file under files:")
+        before = parent._layout_bytes(rel)
+        after, conflicts = apply_patch(diff, edit, before)
+        if after is None:
+            raise OverlayError(f"{diff}: does not apply to {parent.label}'s {edit}: {conflicts[0].text()}",
+                               hint=f"regenerate it: diff -u against `ddtree-deploy overlay export {parent.label}`")
+        if after == before:
+            raise OverlayError(f"{diff}: changes nothing in {parent.label}'s {edit}",
+                               hint=f"delete it and unlist {edit} from edits: a version inherits what it does not change")
+        result[rel] = after
+    return result
 
 
 def _field_of(rel: str) -> str:
@@ -260,6 +310,8 @@ def _field_of(rel: str) -> str:
     top, _, rest = rel.partition("/")
     if top == "patches":
         return f"patches.{rest.split('/')[0]}"
+    if top == "edits":
+        return "edits"
     return f"artifacts.{top.removeprefix('files-')}" if top.startswith("files-") else "files"
 
 
@@ -284,6 +336,8 @@ def _check_layout(root: Path, own: OverlayManifest) -> set[str]:
     for base, per in own.patches.items():
         for p in per:
             _check_diff_headers(root / "patches" / base / f"{p}.diff", p)
+    for p in own.edits:
+        _check_diff_headers(root / "edits" / f"{p}.diff", p)
     return present
 
 
@@ -337,6 +391,8 @@ def export(overlay: Overlay, target: Path) -> list[str]:
     for rel, source in overlay.sources.items():
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target / rel)  # the mode too: an executable file stays executable
-    manifest = overlay.manifest.model_dump(mode="json", exclude={"inherits", "drops"})
+        if rel in overlay.edited:
+            (target / rel).write_bytes(overlay.edited[rel])
+    manifest = overlay.manifest.model_dump(mode="json", exclude={"inherits", "drops", "edits"})
     (target / MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False, width=100))
     return [MANIFEST, *overlay.sources]

@@ -2,7 +2,7 @@
 
 `plan()` takes the facts of every path an overlay touches (`facts_needed`) and returns a `Plan` of
 writes, creations and deletions, pip's RECORD among them. Patches are applied by GNU `patch` in a
-temporary folder (never by a hand-written diff parser). Nothing here touches a host.
+temporary folder (`patching`, never a hand-written diff parser). Nothing here touches a host.
 """
 
 from __future__ import annotations
@@ -12,10 +12,6 @@ import difflib
 import hashlib
 import json
 import os
-import re
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -24,55 +20,12 @@ from pydantic import BaseModel, Field
 
 from ddtree_deploy.errors import OverlayError, PreflightError
 from ddtree_deploy.overlay import Overlay
+from ddtree_deploy.patching import apply_patch
 from ddtree_deploy.record import record_path, updated_record
 
 DEFAULT_CREATE_MODE = 0o644
 REVERT = "revert of the deployed overlay"
 RECORD = "pip's RECORD, listing the overlay's files"
-
-
-# ---------------------------------------------------------------- patching
-
-
-class Conflict(BaseModel):
-    """A patch that does not apply: the file, the hunk (if patch named one) and patch's words."""
-
-    file: str
-    hunk: int | None = None
-    line: int | None = None
-    message: str
-
-    def text(self) -> str:
-        where = f" hunk #{self.hunk}" + (f" at line {self.line}" if self.line else "") if self.hunk else ""
-        return f"{self.file}{where}: {self.message}"
-
-
-def apply_patch(diff: Path, path: str, pristine: bytes) -> tuple[bytes | None, list[Conflict]]:
-    """Run GNU patch (no fuzz) on `pristine` in a temp folder; return the patched bytes, or the conflicts."""
-    patch = shutil.which("patch")
-    if patch is None:
-        raise OverlayError("GNU patch is not installed on this machine", code="patch_missing",
-                           hint="install it (apt-get install patch)")
-    with tempfile.TemporaryDirectory(prefix="ddtree-patch-") as tmp:
-        target = Path(tmp, path)
-        target.parent.mkdir(parents=True)
-        target.write_bytes(pristine)
-        proc = subprocess.run(
-            [patch, "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-",
-             "--quoting-style=literal", "-d", tmp, "-i", str(diff.resolve())],
-            capture_output=True, text=True, check=False)
-        if proc.returncode == 0:
-            return target.read_bytes(), []
-    return None, _conflicts(path, proc.stdout + proc.stderr)
-
-
-def _conflicts(path: str, output: str) -> list[Conflict]:
-    found = [Conflict(file=path, hunk=int(m.group(1)), line=int(m.group(2)), message="hunk does not apply")
-             for m in re.finditer(r"Hunk #(\d+) FAILED at (\d+)", output)]
-    if not found:
-        last = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["patch failed"]
-        found = [Conflict(file=path, message=last[0])]
-    return found
 
 
 # ---------------------------------------------------------------- the plan
@@ -210,8 +163,8 @@ def plan(overlay: Overlay, base_version: str, host_files: dict[str, HostFile], *
         if path in pre_images:
             wanted[path] = (_patched(overlay, base_version, path, pre_images[path], facts, host), None, "patch")
         else:
-            source = overlay.source_of(path, artifacts_folder)
-            wanted[path] = (source.read_bytes(), _create_mode(source), overlay.folder_of(path, artifacts_folder) + "/")
+            wanted[path] = (overlay.content_of(path, artifacts_folder), _create_mode(overlay.source_of(path, artifacts_folder)),
+                            overlay.folder_of(path, artifacts_folder) + "/")
     owned = set(wanted)
     for path in sorted(set(deployed_paths) - owned):
         base = _facts(host_files, path, host).pristine

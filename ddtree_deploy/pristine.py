@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from ddtree_deploy.errors import OverlayError
 from ddtree_deploy.overlay import PACKAGE, Overlay, semver_key
-from ddtree_deploy.plan import Conflict, apply_patch
+from ddtree_deploy.patching import Conflict, apply_patch
 
 CACHE_ENV = "DDTREE_DEPLOY_CACHE"
 
@@ -121,7 +121,7 @@ def _check_base(overlay: Overlay, base: str, release: Path) -> BaseCheck:
     pre_images = overlay.require_base(patches_from)
     conflicts: list[Conflict] = []
     notes: list[str] = []
-    result: dict[str, bytes] = {p: overlay.source_of(p, None).read_bytes() for p in overlay.manifest.files}
+    result: dict[str, bytes] = {p: overlay.content_of(p, None) for p in overlay.manifest.files}
     for path, pre_image in sorted(pre_images.items()):
         source = release / path
         if not source.is_file():

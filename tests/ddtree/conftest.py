@@ -1,5 +1,5 @@
 """Fixtures for the DDTree core tests: the newest ddtree version's ddtree_utils.py (resolved through
-`inherits`) and its CPU decode tool, imported by file path (no sglang install needed), and the logit
+`inherits` and `edits`, loaded by the decode tool) and the CPU decode tool itself, imported by file path (no sglang install needed), and the logit
 families the tests share."""
 
 from __future__ import annotations
@@ -13,17 +13,16 @@ from types import ModuleType
 import pytest
 import torch
 
-from ddtree_deploy.catalog import load_overlay
-
 OVERLAYS = Path(__file__).resolve().parents[2] / "overlays"
 DECODE_TOOL = OVERLAYS / "ddtree/tools/ddtree_cpu_decode.py"
 DDTREE_UTILS = "sglang/srt/speculative/ddtree_utils.py"
 
 
-def load_by_path(name: str, path: Path) -> ModuleType:
-    """Import a module from a file; registered in sys.modules first (dataclasses need it)."""
+def load_tool() -> ModuleType:
+    """overlays/ddtree/tools/ddtree_cpu_decode.py, imported by file path (registered first: dataclasses need it)."""
+    name = "ddtree_cpu_decode"
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(name, DECODE_TOOL)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
@@ -31,28 +30,23 @@ def load_by_path(name: str, path: Path) -> ModuleType:
     return sys.modules[name]
 
 
-def ddtree_utils(spec: str) -> Path:
-    """The ddtree_utils.py that version `spec` lands, resolved through `inherits`."""
-    return load_overlay(spec, OVERLAYS).source_of(DDTREE_UTILS, None)
-
-
 @pytest.fixture(scope="session")
 def dd() -> ModuleType:
     """The newest ddtree version's sglang/srt/speculative/ddtree_utils.py (the decode tool's too)."""
-    return load_by_path("ddtree_utils_overlay", ddtree_utils("ddtree"))
+    return load_tool().load_ddtree_utils()
 
 
 @pytest.fixture(scope="session")
 def dd010() -> ModuleType:
     """Release 0.1.0's ddtree_utils.py, for what only its core has (the newest does not carry it yet):
     several float64 fold-replay passes (`sibling_fold_passes=`) and the summary's top-1 agreement."""
-    return load_by_path("ddtree_utils_overlay_010", ddtree_utils("ddtree@0.1.0"))
+    return load_tool().load_ddtree_utils("ddtree@0.1.0")
 
 
 @pytest.fixture(scope="session")
 def decode_tool() -> ModuleType:
     """overlays/ddtree/tools/ddtree_cpu_decode.py (it imports the same newest ddtree_utils module)."""
-    return load_by_path("ddtree_cpu_decode", DECODE_TOOL)
+    return load_tool()
 
 
 @pytest.fixture(autouse=True)

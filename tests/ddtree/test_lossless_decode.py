@@ -7,14 +7,13 @@ attention matters) and on the hand-set copy pair (long acceptances, near-tied dr
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from ddtree_deploy.catalog import load_overlay
 from ddtree_deploy.overlay import versions_in
-from tests.ddtree.conftest import OVERLAYS, ddtree_utils
+from tests.ddtree.conftest import DDTREE_UTILS, OVERLAYS
 
 BUDGETS = [1, 4, 16, 64]
 MAX_NEW_TOKENS = 24
@@ -23,8 +22,8 @@ MAX_NEW_TOKENS = 24
 def test_the_tool_and_the_tests_run_the_newest_versions_core(decode_tool: ModuleType, dd: ModuleType) -> None:
     newest = versions_in(OVERLAYS / "ddtree")[-1]
     assert load_overlay("ddtree", OVERLAYS).version == newest
-    assert decode_tool.ddtree_utils_path() == ddtree_utils(f"ddtree@{newest}") == Path(dd.__file__)
-    assert decode_tool.load_ddtree_utils() is dd
+    assert dd.__file__ == f"ddtree@{newest}:{DDTREE_UTILS}"
+    assert decode_tool.load_ddtree_utils() is dd is decode_tool.load_ddtree_utils(f"ddtree@{newest}")
 
 
 @pytest.mark.parametrize("pair", ["random", "copy"])

@@ -3,6 +3,7 @@ and every way to get it wrong is one line naming the file and the field."""
 
 from __future__ import annotations
 
+import difflib
 import shutil
 from pathlib import Path
 
@@ -59,11 +60,13 @@ def test_a_child_resolves_its_parents_files_patches_and_fields(mini: Path) -> No
     assert (m.inherits, m.target.bases) == ("0.1.0", ["0.5.17"])  # target comes from 0.1.0
     assert m.files == [MINI_UTILS, MINI_V2] and list(m.patches["0.5.17"]) == [SPEC_INFO]  # server_args dropped
     assert overlay.patch_file("0.5.17", SPEC_INFO) == parent.patch_file("0.5.17", SPEC_INFO)  # 0.1.0's diff
-    assert overlay.source_of(MINI_UTILS, None) == mini / "0.2.0/files" / MINI_UTILS  # its own changed copy
+    # Its change to 0.1.0's module is an edit: the diff applied to the parent's bytes, the parent's mode kept.
+    assert overlay.source_of(MINI_UTILS, None) == mini / "0.1.0/files" / MINI_UTILS
+    assert overlay.content_of(MINI_UTILS, None) != parent.content_of(MINI_UTILS, None)
     # Fields it sets are its own, even empty ones.
     assert (m.server.args, m.probes, m.requires.python) == ([], [], None)
     assert parent.manifest.server.args == ["--speculative-algorithm", "MINI"] and parent.manifest.probes
-    assert overlay.held == [f"files/{MINI_UTILS}", f"files/{MINI_V2}"]
+    assert overlay.held == [f"edits/{MINI_UTILS}.diff", f"files/{MINI_V2}"]
 
 
 def test_fields_left_out_come_from_the_parent_whole(mini: Path) -> None:
@@ -87,7 +90,7 @@ def test_a_patch_or_file_of_the_child_replaces_the_parents_for_that_path(mini: P
     overlay = read_overlay(root)
     assert overlay.patch_file("0.5.17", SPEC_INFO) == root / "patches/0.5.17" / f"{SPEC_INFO}.diff"
     assert overlay.source_of(MINI_V2, None) == root / "files" / MINI_V2
-    assert overlay.source_of(MINI_UTILS, None) == mini / "0.2.0/files" / MINI_UTILS  # the grandparent chain
+    assert overlay.content_of(MINI_UTILS, None) == read_overlay(mini / "0.2.0").content_of(MINI_UTILS, None)
     # A path the parent patched becomes a whole file: the child's kind wins.
     turned = child(mini, "0.4.0", f"files: [{SPEC_INFO}]\n", parent="0.3.0")
     write(turned / "files" / SPEC_INFO, "# replaced whole\n")
@@ -173,3 +176,41 @@ def test_artifacts_are_inherited_per_cuda_variant(mini: Path) -> None:
     assert overlay.manifest.artifacts["cu128"].torch == "2.11.1"
     write(rebuilt / "files-cu128" / ext, "built against 2.11.0\n")
     assert f"field artifacts.cu128: files-cu128/{ext} is a byte copy" in refused(rebuilt)
+
+
+def edit_of(mini: Path, version: str, parent: str, old: str, new: str) -> Path:
+    """A version of mini whose only change is an edit of the parent's mini_utils.py (old -> new text)."""
+    root = child(mini, version, f"edits: [{MINI_UTILS}]\n", parent=parent)
+    before = read_overlay(mini / parent).content_of(MINI_UTILS, None).decode()
+    after = before.replace(old, new)
+    lines = difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{MINI_UTILS}", f"b/{MINI_UTILS}")
+    write(root / "edits" / f"{MINI_UTILS}.diff", "".join(lines))
+    return root
+
+
+def test_an_edit_applies_to_the_parents_bytes_and_chains_through_grandchildren(mini: Path) -> None:
+    parent = read_overlay(mini / "0.2.0").content_of(MINI_UTILS, None).decode()
+    line = parent.splitlines()[0]
+    first = read_overlay(edit_of(mini, "0.3.0", "0.2.0", line, line + "  # 0.3.0"))
+    assert first.content_of(MINI_UTILS, None).decode() == parent.replace(line, line + "  # 0.3.0", 1)
+    second = read_overlay(edit_of(mini, "0.4.0", "0.3.0", "  # 0.3.0", "  # 0.4.0"))
+    assert second.content_of(MINI_UTILS, None).decode() == parent.replace(line, line + "  # 0.4.0", 1)
+    out = second.root.parent / "export"
+    export(second, out)
+    assert (out / "files" / MINI_UTILS).read_bytes() == second.content_of(MINI_UTILS, None)
+    assert "edits" not in (out / "overlay.yaml").read_text()
+
+
+def test_edits_that_do_not_apply_change_nothing_or_name_no_inherited_file_are_refused(mini: Path) -> None:
+    stale = edit_of(mini, "0.3.0", "0.2.0", "", "")
+    write(stale / "edits" / f"{MINI_UTILS}.diff",
+          f"--- a/{MINI_UTILS}\n+++ b/{MINI_UTILS}\n@@ -1,1 +1,1 @@\n-no such line\n+other\n")
+    assert "does not apply to mini@0.2.0" in refused(stale)
+    first = read_overlay(mini / "0.2.0").content_of(MINI_UTILS, None).decode().splitlines()[0]
+    noop = child(mini, "0.4.0", f"edits: [{MINI_UTILS}]\n", parent="0.2.0")  # a line replaced by itself
+    write(noop / "edits" / f"{MINI_UTILS}.diff",
+          f"--- a/{MINI_UTILS}\n+++ b/{MINI_UTILS}\n@@ -1,1 +1,1 @@\n-{first}\n+{first}\n")
+    assert "changes nothing in mini@0.2.0's" in refused(noop)
+    unknown = child(mini, "0.5.0", f"edits: [{SPEC_INFO}]\n", parent="0.2.0")
+    write(unknown / "edits" / f"{SPEC_INFO}.diff", f"--- a/{SPEC_INFO}\n+++ b/{SPEC_INFO}\n@@ -1 +1 @@\n-a\n+b\n")
+    assert "does not ship sglang/srt/speculative/spec_info.py as a whole file" in refused(unknown)

@@ -24,8 +24,8 @@ budget against a chain (budget = L, rank-0 children only). It runs the newest dd
 
 from __future__ import annotations
 
-import importlib.util
 import math
+import re
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -52,23 +52,18 @@ Drafter = Callable[[List[int], torch.Tensor], torch.Tensor]
 Pair = Tuple[Qwen3ForCausalLM, Callable[[List[int], List[int]], Drafter]]
 
 
-def ddtree_utils_path(spec: str = "ddtree") -> Path:
-    """The ddtree_utils.py a version lands (default: the newest), resolved through ``inherits``
-    by ddtree-deploy's own loader."""
+def load_ddtree_utils(spec: str = "ddtree") -> ModuleType:
+    """Import the ddtree_utils.py that version ``spec`` lands (default: the newest), resolved through
+    ``inherits`` and ``edits`` by ddtree-deploy's own loader: one module per version, no sglang needed."""
     from ddtree_deploy.catalog import load_overlay
 
-    return load_overlay(spec, OVERLAYS).source_of(DDTREE_UTILS, None)
-
-
-def load_ddtree_utils() -> ModuleType:
-    """Import the newest version's ddtree_utils.py by path (no sglang install needed)."""
-    name = "ddtree_utils_overlay"
+    overlay = load_overlay(spec, OVERLAYS)
+    name = "ddtree_utils_" + re.sub(r"\W", "_", overlay.version)
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ddtree_utils_path())
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
+        module = ModuleType(name)
+        module.__file__ = f"{overlay.label}:{DDTREE_UTILS}"
         sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-        spec.loader.exec_module(module)
+        exec(compile(overlay.content_of(DDTREE_UTILS, None), module.__file__, "exec"), module.__dict__)
     return sys.modules[name]
 
 
