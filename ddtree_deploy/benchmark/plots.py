@@ -34,25 +34,26 @@ def plot(results: BenchResults, folder: Path) -> list[Path]:
     ax.plot(budgets, [v.acceptance.mean if v.acceptance else nan for v in trees], "o-", label="DDTREE (greedy)")
     if dflash is not None and dflash.acceptance is not None:
         ax.axhline(dflash.acceptance.mean, color="tab:red", ls="--", label=f"DFLASH {dflash.acceptance.mean:.2f}")
-    _axes(ax, "mean acceptance length (tokens per round, bonus included)", results)
+    _axes(ax, budgets, "mean acceptance length (tokens per round, bonus included)", results)
     written.append(_save(fig, folder / ACCEPTANCE_PNG, plt))
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for batch in sorted({1, results.batch or 1}):
         runs = [v.run("greedy", batch) for v in trees]
-        ax.plot(budgets, [r.tokens_per_s if r else nan for r in runs], "o-", label=f"DDTREE, batch {batch}")
+        (line,) = ax.plot(budgets, [r.tokens_per_s if r else nan for r in runs], "o-", label=f"DDTREE, batch {batch}")
         for base, style in ((dflash, "--"), (plain, ":")):
             run = base.run("greedy", batch) if base else None
-            if base is not None and run is not None:
-                ax.axhline(run.tokens_per_s, ls=style, color="tab:red" if base is dflash else "tab:gray",
-                           label=f"{base.variant.upper()}, batch {batch}")
-    _axes(ax, "tokens/s (greedy)", results)
+            if base is not None and run is not None:  # the batch's colour, the baseline's line style
+                ax.axhline(run.tokens_per_s, ls=style, color=line.get_color(), label=f"{base.variant.upper()}, batch {batch}")
+    _axes(ax, budgets, "tokens/s (greedy)", results)
     written.append(_save(fig, folder / TOKENS_PNG, plt))
     return written
 
 
-def _axes(ax: Any, ylabel: str, results: BenchResults) -> None:
+def _axes(ax: Any, budgets: list[float], ylabel: str, results: BenchResults) -> None:
     ax.set_xscale("log", base=2)
+    ax.set_xticks(budgets, labels=[str(int(b)) for b in budgets])
+    ax.minorticks_off()
     ax.set_xlabel("tree budget (nodes)")
     ax.set_ylabel(ylabel)
     ax.set_title(f"{results.host or results.source}: {results.model or 'model ?'}", fontsize=9)
