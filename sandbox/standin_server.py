@@ -19,6 +19,8 @@ Test switches (argument, or the environment variable DDTREE_STANDIN_<NAME upper-
   --fork-children N           N child processes in the same group, like SGLang's scheduler/detokenizer
   --standin-accept-length X   uniform rounds of this acceptance length (default: simulated rounds, see Model)
   --standin-block-size S      the draft block when --speculative-dflash-block-size is not given (default 8)
+  --standin-lossy-from-budget B  DDTREE at a budget >= B changes output ids as --standin-corrupt-outputs does
+  --standin-max-ddtree-budget B  DDTREE at a budget > B dies at start-up with a Traceback (state does not fit)
   --standin-compile-only      compile the package and exit (0 ok, 1 Traceback): warms the cache
   --package-root DIR          where sglang/ lives (default: where this python imports it from)
 """
@@ -227,6 +229,9 @@ class Model:
         self.budget = int(args.get("speculative_ddtree_budget") or 64)
         self.debug = bool(args.get("speculative_ddtree_debug")) and self.algorithm == "DDTREE"
         self.accept_p = accept_probability(self.algorithm, self.budget)
+        lossy_from = switch(args, "standin_lossy_from_budget", None)
+        if self.algorithm == "DDTREE" and lossy_from is not None and self.budget >= int(lossy_from):
+            self.corrupt = True
         self.log_interval = max(1, int(args["decode_log_interval"]))
         self.lock = threading.Lock()
         self.requests = 0
@@ -500,6 +505,15 @@ def refuse_unknown(given: Dict[str, Any], schema: Dict[str, Any]) -> None:
         os._exit(2)
 
 
+def refuse_budget(args: Dict[str, Any]) -> None:
+    """Die like a DDTREE server whose per-node state cannot fit at this budget (--standin-max-ddtree-budget)."""
+    limit = switch(args, "standin_max_ddtree_budget", None)
+    budget = int(args.get("speculative_ddtree_budget") or 64)
+    if limit is not None and str(args.get("speculative_algorithm")).upper() == "DDTREE" and budget > int(limit):
+        fatal(RuntimeError("DDTREE budget %d needs more verify memory than is free (stand-in limit %s)"
+                           % (budget, limit)))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = dict(DEFAULTS, **parse_args(sys.argv[1:] if argv is None else argv))
     log("server_args=%s" % json.dumps(args, sort_keys=True))
@@ -525,6 +539,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = dict(DEFAULTS, **dict(defaults, **given))
     if switch(args, "standin_compile_only", False):
         return 0
+    refuse_budget(args)
     children = fork_children(int(switch(args, "fork_children", 0)), ignore_sigterm)
     log("started %d child processes: %s" % (len(children), [c.pid for c in children]))
     time.sleep(float(switch(args, "standin_start_delay", 0.0)))
