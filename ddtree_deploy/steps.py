@@ -19,8 +19,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
-from ddtree_deploy.catalog import load_overlay, overlays_path
 from ddtree_deploy.benchmark.sweep import BenchArgs
+from ddtree_deploy.catalog import load_overlay, overlays_path
 from ddtree_deploy.errors import (
     BenchError,
     HelperError,

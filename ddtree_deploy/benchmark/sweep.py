@@ -32,7 +32,7 @@ from ddtree_deploy.benchmark.results import (
     variant_name,
 )
 from ddtree_deploy.errors import BenchError, DeployError
-from ddtree_deploy.probes import http_request
+from ddtree_deploy.probing import http_request
 from ddtree_deploy.transport import Transport
 
 DEFAULT_BUDGETS = [16, 32, 64, 128, 256, 512, 1024]

@@ -8,36 +8,17 @@ compares the results with the baselines, and exits 1 when a tolerance is exceede
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
-from pydantic import BaseModel, ValidationError
 
 from ddtree_deploy import output as out
-from ddtree_deploy.errors import UsageError
 
 if TYPE_CHECKING:
-    from ddtree_deploy.benchmark.baseline import Baseline, Comparison
-    from ddtree_deploy.benchmark.results import BenchResults
     from ddtree_deploy.benchmark.sweep import BenchArgs
     from ddtree_deploy.fleet import FleetReport
     from ddtree_deploy.playbook import PlaybookReport
-
-JSON_FILE, TABLE_FILE = "bench.json", "bench.md"
-
-
-class BenchReport(BaseModel):
-    """What `bench --json` prints: the playbook's report, the files written and the baseline verdict."""
-
-    command: str = "bench"
-    report: Any  # FleetReport[PlaybookReport]; Any keeps the models' imports out of the command's import
-    results_dir: str
-    files: list[str]
-    plots_skipped: str | None = None
-    comparison: Any = None  # Comparison | None
 
 
 def bench(
@@ -74,6 +55,7 @@ def bench(
     """
     from ddtree_deploy.benchmark.baseline import read_baseline
     from ddtree_deploy.benchmark.sweep import BenchArgs
+    from ddtree_deploy.commands._bench_output import finish
 
     with out.errors_rendered(as_json):
         args = _bench_args(BenchArgs, budgets=_ints(budgets, "--budgets"), prompts=_prompts(prompts), batch=batch,
@@ -82,10 +64,12 @@ def bench(
         baselines = [read_baseline(spec) for spec in baseline or []]
         _make_folder(results)
         report = _play(args, host, inventory, accept_new_host_key, as_json)
-    _finish(report, results, baselines, max_accept_diff, max_tv, as_json)
+    finish(report, results, baselines, max_accept_diff, max_tv, as_json)
 
 
 def _ints(text: str, option: str, empty_ok: bool = False) -> list[int]:
+    from ddtree_deploy.errors import UsageError
+
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not all(p.isascii() and p.lstrip("-").isdigit() for p in parts) or (not parts and not empty_ok):
         raise UsageError(f"{option} {text!r}: expected comma-separated whole numbers", hint=f"e.g. {option} 16,64,256")
@@ -93,6 +77,12 @@ def _ints(text: str, option: str, empty_ok: bool = False) -> list[int]:
 
 
 def _prompts(path: Path | None) -> list[Any] | None:
+    import json
+
+    import yaml
+
+    from ddtree_deploy.errors import UsageError
+
     if path is None:
         return None
     try:
@@ -113,6 +103,10 @@ def _prompts(path: Path | None) -> list[Any] | None:
 
 
 def _bench_args(model: type[BenchArgs], **values: Any) -> BenchArgs:
+    from pydantic import ValidationError
+
+    from ddtree_deploy.errors import UsageError
+
     fields = {k: v for k, v in values.items() if v is not None}
     try:
         return model(**fields)
@@ -123,6 +117,8 @@ def _bench_args(model: type[BenchArgs], **values: Any) -> BenchArgs:
 
 
 def _make_folder(folder: Path) -> None:
+    from ddtree_deploy.errors import UsageError
+
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-test"
@@ -135,6 +131,7 @@ def _make_folder(folder: Path) -> None:
 
 def _play(args: BenchArgs, host: list[str] | None, inventory: str | None, accept_new_host_key: bool,
           as_json: bool) -> FleetReport[PlaybookReport]:
+    from ddtree_deploy.errors import UsageError
     from ddtree_deploy.fleet import FleetOptions, connecting
     from ddtree_deploy.inventory import load_inventory, select_hosts
 
@@ -158,62 +155,3 @@ def _play(args: BenchArgs, host: list[str] | None, inventory: str | None, accept
             if call.name == "bench":
                 call.args = args
         return run_playbook(inv, hosts, book, RunOptions(), None, options, as_json=as_json, started=started)
-
-
-def results_of(report: FleetReport[PlaybookReport]) -> BenchResults | None:
-    """The bench step's results (partial ones from a failed step's details), if it got that far."""
-    from ddtree_deploy.benchmark.results import BenchResults
-
-    for row in report.hosts:
-        for outcome in row.result.steps if row.result else []:
-            if outcome.step == "bench" and outcome.details.get("bench"):
-                return BenchResults.model_validate(outcome.details["bench"])
-    return None
-
-
-def _finish(report: FleetReport[PlaybookReport], folder: Path, baselines: list[Baseline], max_diff: float,
-            max_tv: float, as_json: bool) -> None:
-    from ddtree_deploy.benchmark.baseline import compare
-    from ddtree_deploy.commands._play import exit_code
-
-    found = results_of(report)
-    comparison = compare(found, baselines, max_diff, max_tv) if found is not None and baselines else None
-    files, skipped = _write(found, comparison, folder) if found is not None else ([], "no results")
-    code = exit_code(report)
-    if comparison is not None and not comparison.ok:
-        code = max(code, out.ExitCode.FAILED)
-    summary = BenchReport(report=report, results_dir=str(folder), files=[str(f) for f in files],
-                          plots_skipped=skipped, comparison=comparison)
-    out.emit(summary, as_json=as_json, human=_render, code=code)
-
-
-def _write(results: BenchResults, comparison: Comparison | None, folder: Path) -> tuple[list[Path], str | None]:
-    from ddtree_deploy.benchmark.table import markdown
-
-    files = [folder / JSON_FILE, folder / TABLE_FILE]
-    files[0].write_text(results.model_dump_json(indent=1, by_alias=True) + "\n")
-    files[1].write_text(markdown(results, comparison))
-    try:
-        from ddtree_deploy.benchmark.plots import plot
-
-        return files + plot(results, folder), None
-    except ImportError:
-        return files, "matplotlib is not installed (pip install 'ddtree-deploy[bench]')"
-
-
-def _render(summary: BenchReport) -> None:
-    from ddtree_deploy.commands._play import render
-
-    render(summary.report)
-    for path in summary.files:
-        out.console.print(f"  wrote {path}", soft_wrap=True, markup=False)
-    if summary.plots_skipped:
-        out.console.print(f"  plots skipped: {summary.plots_skipped}", soft_wrap=True, markup=False)
-    table = Path(summary.results_dir) / TABLE_FILE
-    if table.is_file() and summary.files:
-        out.console.print(table.read_text(), markup=False, highlight=False, soft_wrap=True)
-    comparison = summary.comparison
-    if comparison is not None:
-        colour = "green" if comparison.ok else "bold red"
-        out.console.print(f"baseline: [{colour}]{'pass' if comparison.ok else 'FAIL'}[/] ({comparison.message})",
-                          soft_wrap=True)
