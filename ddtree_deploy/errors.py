@@ -95,3 +95,9 @@ class ServiceError(DeployError):
 
 class ProbeError(DeployError):
     code = "probe_failed"
+
+
+class BenchError(DeployError):
+    """A bench could not measure (a request failed, a variant answered unlike the plain server)."""
+
+    code = "bench_failed"

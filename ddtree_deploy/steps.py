@@ -19,8 +19,17 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from ddtree_deploy import abi, service
+from ddtree_deploy.benchmark.sweep import BenchArgs
 from ddtree_deploy.catalog import load_overlay, overlays_path
-from ddtree_deploy.errors import HelperError, OverlayError, PlaybookError, PreflightError, ProbeError, ServiceError
+from ddtree_deploy.errors import (
+    BenchError,
+    HelperError,
+    OverlayError,
+    PlaybookError,
+    PreflightError,
+    ProbeError,
+    ServiceError,
+)
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import Overlay
 from ddtree_deploy.plan import HostFile, Plan, facts_needed, plan
@@ -110,6 +119,7 @@ class HostRun:
     changed: bool = False  # a snapshot was taken: from here on, a failure rolls back
     finished: str | None = None  # "noop" or "dry_run": the playbook ends early, successfully
     healthy: bool | None = None
+    found_server_args: list[str] | None = None  # bench: the server args to put back (relaunch)
 
     @property
     def host(self) -> HostSpec:
@@ -479,6 +489,33 @@ def prune(run: HostRun, args: PruneArgs) -> StepOutcome:
     return _ok("prune", f"removed {what}; {len(p.kept)} kept")
 
 
+def bench(run: HostRun, args: BenchArgs) -> StepOutcome:
+    """Sweep plain, DFLASH and DDTREE budgets on the server (benchmark/sweep.py); the results ride in `details`."""
+    from ddtree_deploy.benchmark.sweep import Sweep  # only a bench pays for it
+
+    if run.host.service is None or not service.status(run.transport).healthy:
+        raise BenchError("the server is not healthy: the bench measures a running server and puts it back",
+                         host=run.host.name, code="bench_server_down",
+                         hint=f"start it with `ddtree-deploy restart --host {run.host.name}`")
+    run.found_server_args = list(run.server_args)
+    run.changed = True  # from the first restart on, a failure puts the server back (on_failure)
+    results = Sweep(run.transport, args, run.found_server_args, run.progress).run()
+    return _ok("bench", f"{len(results.variants)} variants measured", bench=results.model_dump(mode="json",
+                                                                                             by_alias=True))
+
+
+def relaunch(run: HostRun, args: NoArgs) -> StepOutcome:
+    """Start the server again with the args it ran with before the bench (nothing to do if it already does)."""
+    if run.found_server_args is None or run.host.service is None:
+        return _noop("relaunch", "the bench never restarted the server")
+    wanted = service.launch_argv(run.host.service, run.found_server_args)
+    now = service.status(run.transport)
+    if now.healthy and now.argv == wanted:
+        return _noop("relaunch", "the server already runs with the args it was found with")
+    run.server_args = list(run.found_server_args)
+    return restart(run, IfChangedArgs()).model_copy(update={"step": "relaunch"})
+
+
 def release_lock(run: HostRun) -> None:
     """Always the last thing a run does on a host it locked."""
     if run.locked:
@@ -503,4 +540,7 @@ STEPS: dict[str, StepDef] = {
     "probe": _step(probe, IfChangedArgs, gives=("probes",)),
     "stop": _step(stop, NoArgs),
     "prune": _step(prune, PruneArgs, gives=("pruned",)),
+    # the bench reads the launch args preflight found; its results ride in its outcome's details
+    "bench": _step(bench, BenchArgs, needs=("host_state",)),
+    "relaunch": _step(relaunch, NoArgs, gives=("server",)),
 }

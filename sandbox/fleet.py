@@ -44,8 +44,11 @@ def host_entry(host: SandboxHost, port: int, extra_args: list[str] | None = None
                                 env={"PATH": f"{host.bin_dir}:/usr/local/bin:/usr/bin:/bin"})
 
 
-def build_fleet(root: Path, names: tuple[str, ...] = ("ct129", "ct200")) -> Path:
-    """Build the hosts, the overlays folder and the inventory under `root`; return the inventory path."""
+def build_fleet(root: Path, names: tuple[str, ...] = ("ct129", "ct200"), extra_args: list[str] | None = None) -> Path:
+    """Build the hosts, the overlays folder and the inventory under `root`; return the inventory path.
+
+    `extra_args` go after every stand-in's own (test switches such as --standin-max-ddtree-budget).
+    """
     root.mkdir(parents=True, exist_ok=True)
     hosts = {name: build_host(root / "hosts" / name, name) for name in names}
     for host in hosts.values():  # warm the stand-in's compile cache once, so no demo start pays for it
@@ -56,7 +59,7 @@ def build_fleet(root: Path, names: tuple[str, ...] = ("ct129", "ct200")) -> Path
     for source in [*(REPO / "overlays").iterdir(), *(REPO / "sandbox" / "overlays").iterdir()]:
         if source.is_dir() and not (overlays / source.name).exists():
             (overlays / source.name).symlink_to(source)
-    inventory = {"hosts": {name: host_entry(h, free_port()) for name, h in hosts.items()}}
+    inventory = {"hosts": {name: host_entry(h, free_port(), extra_args) for name, h in hosts.items()}}
     path = root / "inventory.yaml"
     path.write_text("# The local sandbox fleet (built by sandbox/fleet.py).\n" + yaml.safe_dump(inventory, sort_keys=False))
     return path

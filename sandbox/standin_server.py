@@ -17,7 +17,10 @@ Test switches (argument, or the environment variable DDTREE_STANDIN_<NAME upper-
   --standin-start-delay S     sleep S seconds before listening (a slow model load)
   --standin-ignore-sigterm    this process and its children ignore SIGTERM (stop must escalate)
   --fork-children N           N child processes in the same group, like SGLang's scheduler/detokenizer
-  --standin-accept-length X   the speculative acceptance length to report
+  --standin-accept-length X   uniform rounds of this acceptance length (default: simulated rounds, see Model)
+  --standin-block-size S      the draft block when --speculative-dflash-block-size is not given (default 8)
+  --standin-lossy-from-budget B  DDTREE at a budget >= B changes output ids as --standin-corrupt-outputs does
+  --standin-max-ddtree-budget B  DDTREE at a budget > B dies at start-up with a Traceback (state does not fit)
   --standin-compile-only      compile the package and exit (0 ok, 1 Traceback): warms the cache
   --package-root DIR          where sglang/ lives (default: where this python imports it from)
 """
@@ -44,8 +47,19 @@ from typing import Any, Dict, List, NoReturn, Optional
 
 VOCAB = 32000
 CORRUPT_FROM = 5
-SPEC_ACCEPT = {"EAGLE": 2.6, "EAGLE3": 2.9, "NEXTN": 2.4, "STANDALONE": 2.2, "NGRAM": 1.8, "DFLASH": 3.4,
-               "DDTREE": 4.1}
+BLOCK = 8  # the draft block size S when --speculative-dflash-block-size is not given
+DFLASH_P = 0.7  # per-depth acceptance of the chain (and of every algorithm but DDTREE)
+TOKEN_S, ROUND_S, TREE_NODE_S = 0.0002, 0.0003, 0.000001  # simulated time: plain token, round, tree node
+
+
+def accept_probability(algorithm: Optional[str], budget: int) -> float:
+    """Per-depth acceptance: DDTREE's rises with the budget and saturates; the chain's is fixed."""
+    return DFLASH_P + 0.25 * budget / (budget + 48.0) if algorithm == "DDTREE" else DFLASH_P
+
+
+def _unit(key: str, round_index: int, depth: int) -> float:
+    digest = hashlib.sha256(("%s|%d|%d" % (key, round_index, depth)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0 ** 64
 # What SGLang's ServerArgs resolves when a flag is not given (the subset probes look at).
 DEFAULTS: Dict[str, Any] = {
     "model_path": "standin-model", "tokenizer_path": None, "host": "127.0.0.1", "port": 30000,
@@ -193,12 +207,31 @@ def default_cache() -> str:
 # ---------------------------------------------------------------- the model
 
 class Model:
-    """Deterministic greedy "decoding": output ids are a hash chain of the prompt."""
+    """Deterministic "decoding": greedy output ids are a hash chain of the prompt (sampled ones of the prompt
+    and the seed, or of nothing reproducible without one).
+
+    Speculative rounds are simulated per request: at each draft depth a hash of (prompt, round, depth)
+    decides whether the target accepts, with a probability that DFLASH fixes and DDTREE raises with
+    its budget (saturating: 0.76 at 16, 0.84 at 64, 0.91 at 256, 0.94 at 1024); a round commits the
+    accepted run plus the bonus token. Per-request `meta_info` then carries what SGLang 0.5.17's
+    tokenizer manager derives from those rounds (spec_verify_ct, spec_num_correct_drafts,
+    spec_correct_drafts_histogram, and its misleading spec_accept_length and spec_accept_rate), and
+    `--speculative-ddtree-debug` logs one `ddtree_debug {json}` line per request and round, shaped as
+    the overlay's worker writes them. Each request takes simulated time per round (a batch shares it).
+    """
 
     def __init__(self, args: Dict[str, Any]) -> None:
-        self.algorithm = args.get("speculative_algorithm")
+        self.algorithm = str(args.get("speculative_algorithm") or "").upper() or None
         self.corrupt = bool(switch(args, "standin_corrupt_outputs", False))
-        self.accept = float(switch(args, "standin_accept_length", SPEC_ACCEPT.get(str(self.algorithm).upper(), 2.0)))
+        fixed = switch(args, "standin_accept_length", None)
+        self.fixed_accept = float(fixed) if fixed is not None else None  # uniform rounds of this mean
+        self.block = int(args.get("speculative_dflash_block_size") or switch(args, "standin_block_size", BLOCK))
+        self.budget = int(args.get("speculative_ddtree_budget") or 64)
+        self.debug = bool(args.get("speculative_ddtree_debug")) and self.algorithm == "DDTREE"
+        self.accept_p = accept_probability(self.algorithm, self.budget)
+        lossy_from = switch(args, "standin_lossy_from_budget", None)
+        if self.algorithm == "DDTREE" and lossy_from is not None and self.budget >= int(lossy_from):
+            self.corrupt = True
         self.log_interval = max(1, int(args["decode_log_interval"]))
         self.lock = threading.Lock()
         self.requests = 0
@@ -211,28 +244,76 @@ class Model:
         self.window_tokens = 0.0
         self.window_forwards = 0
 
-    def generate(self, prompt: Any, params: Dict[str, Any]) -> Dict[str, Any]:
+    @property
+    def draft_tokens(self) -> int:
+        """SGLang's speculative_num_draft_tokens: the block for DFLASH, DDTREE's verify width (budget + 1)."""
+        return self.budget + 1 if self.algorithm == "DDTREE" else self.block
+
+    def generate(self, prompt: Any, params: Dict[str, Any], rid: Optional[str] = None) -> Dict[str, Any]:
         started = time.monotonic()
         key = prompt if isinstance(prompt, str) else json.dumps(prompt)
         count = int(params.get("max_new_tokens", 128))
         greedy = float(params.get("temperature", 1.0)) == 0.0
-        ids = self._ids(key if greedy else key + uuid.uuid4().hex, count)
+        seed = params.get("sampling_seed")
+        salt = "" if greedy else ("seed=%s" % seed if seed is not None else uuid.uuid4().hex)
+        ids = self._ids(key + salt, count)
+        rid = rid or uuid.uuid4().hex
         meta: Dict[str, Any] = {
-            "id": uuid.uuid4().hex, "prompt_tokens": len(key.split()) if isinstance(prompt, str) else len(prompt),
+            "id": rid, "prompt_tokens": len(key.split()) if isinstance(prompt, str) else len(prompt),
             "completion_tokens": count, "cached_tokens": 0,
             "finish_reason": {"type": "length", "length": count},
         }
         forwards = count
         if self.algorithm and count:
-            forwards = max(1, math.ceil(count / self.accept))
-            meta.update(spec_verify_ct=forwards, spec_accept_length=count / forwards)
+            accepts = self._rounds(key + salt, count, rid)
+            forwards = len(accepts)
+            meta.update(self._spec_meta(count, accepts))
         meta["e2e_latency"] = time.monotonic() - started
         with self.lock:
             self.requests += 1
             self.prompt_tokens += meta["prompt_tokens"]
             self.generation_tokens += count
             self._count_forwards(count, forwards)
-        return {"text": " ".join("t%d" % i for i in ids), "output_ids": ids, "meta_info": meta}
+        cost = forwards * (ROUND_S + TREE_NODE_S * self.budget if self.algorithm == "DDTREE" else
+                           ROUND_S if self.algorithm else TOKEN_S)
+        return {"text": " ".join("t%d" % i for i in ids), "output_ids": ids, "meta_info": meta, "cost_s": cost}
+
+    def _rounds(self, key: str, count: int, rid: str) -> List[int]:
+        """Acceptance lengths (bonus included) of the rounds that decode `count` tokens after the prefill's."""
+        if self.fixed_accept is not None:
+            rounds = max(1, math.ceil(count / self.fixed_accept))
+            return [count // rounds + (1 if r < count % rounds else 0) for r in range(rounds)]
+        accepts: List[int] = []
+        depth = min(self.block - 1, self.budget if self.algorithm == "DDTREE" else self.block - 1)
+        while sum(accepts) < count - 1 or not accepts:
+            hits = [_unit(key, len(accepts), d) < self.accept_p for d in range(depth)]
+            accepted = hits.index(False) if False in hits else depth
+            accepts.append(accepted + 1)
+            if self.debug:
+                self._log_round(rid, key, len(accepts) - 1, accepted + 1)
+        return accepts
+
+    def _spec_meta(self, count: int, accepts: List[int]) -> Dict[str, Any]:
+        """What SGLang's tokenizer manager puts in meta_info (0.5.17, _calculate_spec_decoding_metrics)."""
+        correct = sum(a - 1 for a in accepts)
+        histogram = [0] * max(accepts)
+        for a in accepts:
+            histogram[a - 1] += 1  # entry k: rounds that accepted k drafts
+        proposed = len(accepts) * (self.draft_tokens - 1)
+        return {"spec_verify_ct": len(accepts), "spec_accept_length": count / len(accepts),
+                "spec_accept_rate": correct / proposed if proposed else 0.0, "spec_num_correct_drafts": correct,
+                "spec_num_proposed_drafts": proposed, "spec_correct_drafts_histogram": histogram,
+                "spec_accept_histogram": histogram}
+
+    def _log_round(self, rid: str, key: str, round_index: int, accept: int) -> None:
+        """One line per request and round, as ddtree_worker_v2.py's _log_debug writes them."""
+        depth = self.block - 1
+        agree = [(1 if _unit(key, round_index, d) < DFLASH_P else 0) if d < accept - 1 else 0 if d == accept - 1
+                 else -1 for d in range(depth)]
+        record = {"rid": rid, "budget": self.budget, "tree_nodes": self.budget,
+                  "tree_depth": min(depth, self.budget.bit_length()), "accepted_nodes": accept - 1,
+                  "accept_length": accept, "draft_top1_agree": agree}
+        log("ddtree_debug %s" % json.dumps(record))
 
     def _count_forwards(self, tokens: int, forwards: int) -> None:
         for _ in range(forwards):  # one decode forward at a time, as the scheduler counts them
@@ -303,7 +384,14 @@ class Handler(BaseHTTPRequestHandler):
         params = body.get("sampling_params") or {}
         batch = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
         model = self.server.model
-        self._json(200, [model.generate(p, params) for p in prompt] if batch else model.generate(prompt, params))
+        rid = body.get("rid")
+        if batch:
+            rids = rid if isinstance(rid, list) else []
+            answers = [model.generate(p, params, rids[i] if i < len(rids) else None) for i, p in enumerate(prompt)]
+        else:
+            answers = [model.generate(prompt, params, rid if isinstance(rid, str) else None)]
+        time.sleep(max(a.pop("cost_s") for a in answers))  # a batch's requests share their rounds
+        self._json(200, answers if batch else answers[0])
 
     def _json(self, status: int, value: Any) -> None:
         self._send(status, json.dumps(value).encode(), "application/json")
@@ -326,6 +414,9 @@ class StandinServer(ThreadingHTTPServer):
     def __init__(self, args: Dict[str, Any], version: str) -> None:
         self.args, self.version = args, version
         self.model = Model(args)
+        if self.model.algorithm in ("DFLASH", "DDTREE"):  # resolved as SGLang's ServerArgs resolves them
+            self.args = dict(args, speculative_num_draft_tokens=self.model.draft_tokens,
+                             speculative_dflash_block_size=self.model.block)
         self.hang_unready = bool(switch(args, "standin_hang_unready", False))
         self.started = time.time()
         super().__init__((str(args["host"]), int(args["port"])), Handler)
@@ -414,6 +505,15 @@ def refuse_unknown(given: Dict[str, Any], schema: Dict[str, Any]) -> None:
         os._exit(2)
 
 
+def refuse_budget(args: Dict[str, Any]) -> None:
+    """Die like a DDTREE server whose per-node state cannot fit at this budget (--standin-max-ddtree-budget)."""
+    limit = switch(args, "standin_max_ddtree_budget", None)
+    budget = int(args.get("speculative_ddtree_budget") or 64)
+    if limit is not None and str(args.get("speculative_algorithm")).upper() == "DDTREE" and budget > int(limit):
+        fatal(RuntimeError("DDTREE budget %d needs more verify memory than is free (stand-in limit %s)"
+                           % (budget, limit)))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = dict(DEFAULTS, **parse_args(sys.argv[1:] if argv is None else argv))
     log("server_args=%s" % json.dumps(args, sort_keys=True))
@@ -439,6 +539,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = dict(DEFAULTS, **dict(defaults, **given))
     if switch(args, "standin_compile_only", False):
         return 0
+    refuse_budget(args)
     children = fork_children(int(switch(args, "fork_children", 0)), ignore_sigterm)
     log("started %d child processes: %s" % (len(children), [c.pid for c in children]))
     time.sleep(float(switch(args, "standin_start_delay", 0.0)))

@@ -10,6 +10,7 @@ import typer
 
 from ddtree_deploy.commands import (
     abi,
+    bench,
     diff,
     history,
     logs,
@@ -28,6 +29,7 @@ from ddtree_deploy.commands import (
 def register(app: typer.Typer) -> None:
     """Add every command and command group to `app`."""
     for command in (status.status, push.push, rollback.rollback, restart.restart, restart.stop, play.play,
-                    diff.diff, snapshots.snapshots, prune.prune, history.history, abi.abi, logs.logs, unlock.unlock):
+                    diff.diff, snapshots.snapshots, prune.prune, history.history, abi.abi, logs.logs, unlock.unlock,
+                    bench.bench):
         app.command(command.__name__)(command)
     app.add_typer(overlay.app, name="overlay")

@@ -67,9 +67,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from started_fleet(tmp_path_factory.mktemp("fleet"), ("ct200",), ready_timeout_s=4.0)
 
 
-def started_fleet(root: Path, names: tuple[str, ...], ready_timeout_s: float) -> Iterator[Fleet]:
+def started_fleet(root: Path, names: tuple[str, ...], ready_timeout_s: float,
+                  extra_args: list[str] | None = None) -> Iterator[Fleet]:
     """A sandbox fleet of `names` with this directory's overlays and its servers up; stopped when done."""
-    inventory = build_fleet(root, names=names)
+    inventory = build_fleet(root, names=names, extra_args=extra_args)
     _set_ready_timeout(inventory, ready_timeout_s)
     overlays = root / "overlays"
     for source in (HERE / "overlays").iterdir():

@@ -30,7 +30,7 @@ def imported_by(*argv: str, cwd: Path = REPO) -> set[str]:
 def test_every_command_and_group_is_registered() -> None:
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
     assert names == {"status", "push", "rollback", "restart", "stop", "play", "diff", "snapshots", "prune",
-                     "history", "abi", "logs", "unlock", "overlay"}
+                     "history", "abi", "logs", "unlock", "overlay", "bench"}
 
 
 def test_importing_the_cli_imports_no_command_s_work() -> None:

@@ -18,8 +18,10 @@ Two model pairs, built in-process (nothing is downloaded):
   (second quarter) its top two tokens nearly tie: there a tree beats the chain.
 
 Run ``python overlays/ddtree/tools/ddtree_cpu_decode.py`` to print acceptance lengths per
-budget against a chain (budget = L, rank-0 children only). It runs the newest ddtree version's
-``ddtree_utils.py`` (ddtree-deploy resolves it through ``inherits``; install it first).
+budget against a chain (budget = L, rank-0 children only); ``--json FILE [--pair copy]
+[--budgets 16,64]`` writes one pair's decodes in the online bench's JSON schema instead. It runs
+the newest ddtree version's ``ddtree_utils.py`` (ddtree-deploy resolves it through ``inherits``;
+install it first).
 """
 
 from __future__ import annotations
@@ -286,9 +288,54 @@ def acceptance_table(
     return rows
 
 
-def main() -> None:
+def bench_results(pair: str, budgets: Sequence[int], max_new_tokens: int) -> Dict[str, object]:
+    """One pair's decodes as the online bench's JSON (ddtree_deploy/benchmark/results.py, docs/bench.md):
+    variant ``dflash`` is the chain, ``ddtree@B`` each budget, one greedy batch-1 run each, with every
+    prompt's rounds, so ``ddtree-deploy bench --baseline`` can hold a server against it."""
+    from ddtree_deploy.benchmark.results import BenchResults, RequestStats, RunResult, VariantResult, acceptance_of
+
+    target, drafter_for = PAIRS[pair]()
+    named = prompts(pair)
+    runs: Dict[str, List[RequestStats]] = {}
+    for index, (_, prompt) in enumerate(named):
+        reference = greedy_generate(target, prompt, max_new_tokens)
+        drafter = drafter_for(prompt, reference)
+        for variant, budget, chain in [("dflash", BLOCK_SIZE - 1, True)] + [(f"ddtree@{b}", b, False) for b in budgets]:
+            got = ddtree_generate(target, drafter, prompt, max_new_tokens, budget, chain)
+            if got.tokens != reference:
+                raise SystemExit(f"{pair} {variant}: prompt {index} is not lossless")
+            counts = [got.accept_lengths.count(b) for b in range(1, BLOCK_SIZE + 1)]
+            runs.setdefault(variant, []).append(RequestStats(
+                prompt=index, completion_tokens=len(got.tokens), rounds=len(got.accept_lengths), accept_counts=counts))
+    variants = [VariantResult(variant=name, algorithm="DFLASH" if name == "dflash" else "DDTREE",
+                              budget=None if name == "dflash" else int(name.split("@")[1]), runs=[RunResult(
+                                  mode="greedy", batch=1, temperature=0.0, requests=requests,
+                                  completion_tokens=sum(r.completion_tokens for r in requests), elapsed_s=0.0,
+                                  tokens_per_s=0.0, acceptance=acceptance_of(requests, BLOCK_SIZE))])
+                for name, requests in runs.items()]
+    return BenchResults(source="ddtree_cpu_decode", model=f"{pair} pair (CPU, fp32)", block_size=BLOCK_SIZE,
+                        max_new_tokens=max_new_tokens, batch=1, prompts=[p for _, p in named], variants=variants,
+                        note="offline: no timing (tokens/s 0)").model_dump(mode="json", by_alias=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", metavar="FILE", help="write one pair's decodes in the bench's JSON schema")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="copy", help="the pair --json decodes")
+    parser.add_argument("--budgets", default="1,4,16,64", help="comma-separated tree budgets")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    options = parser.parse_args(argv)
     torch.set_num_threads(1)  # tiny matrices: extra threads only contend
-    rows = acceptance_table()
+    budgets = [int(b) for b in options.budgets.split(",")]
+    if options.json:
+        results = bench_results(options.pair, budgets, options.max_new_tokens)
+        Path(options.json).write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {options.json}: {options.pair} pair, {len(results['variants'])} variants")  # type: ignore[arg-type]
+        return
+    rows = acceptance_table(budgets, options.max_new_tokens)
     methods = list(dict.fromkeys(r[2] for r in rows))
     print(f"{'pair':7} {'prompt':12} " + " ".join(f"{m:>11}" for m in methods))
     for key in dict.fromkeys((r[0], r[1]) for r in rows):

@@ -1,0 +1,77 @@
+"""tools/gpu/train_tiny_pair.py --smoke on CPU: the code paths run, and the checkpoints have SGLang's shape.
+
+No acceptance number is asserted: 20 steps train nothing; the GPU run measures the real pair.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "train_tiny_pair.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("train_tiny_pair", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass resolves annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pair")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), "--smoke", "--device", "cpu"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return out
+
+
+def test_smoke_run_writes_a_loadable_target_and_tokenizer(pair: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pair / "target")
+    code = "def f(x):\n    return x + 1\n"
+    assert tokenizer.decode(tokenizer(code)["input_ids"]) == code  # byte-level: every byte round-trips
+    target = AutoModelForCausalLM.from_pretrained(pair / "target")
+    assert target.config.model_type == "qwen3" and target.config.vocab_size == len(tokenizer)
+    log = json.loads((pair / "train_log.json").read_text())
+    assert log["files"] > 0 and [e["phase"] for e in log["log"]][-1] == "drafter"
+    assert log["draft_parameters_filled"] == 3 + 8 * log["config"]["draft_layers"]
+
+
+def test_draft_checkpoint_is_what_sglangs_dflash_loader_expects(pair: Path, tmp_path: Path) -> None:
+    script = _script()
+    draft = pair / "dflash_draft"
+    config = json.loads((draft / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
+    assert config["dflash_config"]["mask_token"] == "<|MASK|>"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pair / "target")
+    assert config["dflash_config"]["mask_token_id"] == tokenizer.convert_tokens_to_ids("<|MASK|>")
+    filled = script.check_draft_checkpoint(draft)
+    assert filled["layers.0.self_attn.qkv_proj.weight"] == (2 + 2 * 1) * 32  # q, k and v rows stacked
+    assert set(filled) == set(script.loader_parameters(config))
+
+    # a weight the loader would skip (SGLang ignores unknown names silently) is caught
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((draft / "config.json").read_text())
+    weights = load_file(str(draft / "model.safetensors"))
+    weights["model.fc_in.weight"] = weights.pop("fc.weight")
+    save_file(weights, str(broken / "model.safetensors"))
+    with pytest.raises(AssertionError, match="the loader would ignore it"):
+        script.check_draft_checkpoint(broken)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/bench_sweep.sh
+# The budget sweep on the trained tiny pair, by the tool itself: trains the pair once
+# (tools/gpu/train_tiny_pair.py, seeded; /tmp/models/trained is reused), starts the real SGLang 0.5.17
+# (/tmp/site) on it as a `transport: local` host, pushes ddtree $DDTREE_VERSION (default 0.2.2), then
+# `ddtree-deploy bench` (plain, DFLASH, DDTREE at $BUDGETS), which writes bench.json, bench.md and the
+# plots to $OUT/sweep. A server start takes 60-120 s, so one command fits about four variants: split
+# the sweep with BUDGETS (e.g. BUDGETS=16,64 then BUDGETS=256,1024 with DFLASH=0) and TREE_STATS=0,
+# and merge nothing by hand: each run's folder is complete, and --baseline compares them.
+# Carry: .gpu/site.tar.xz (and .gpu/jitcache.tar.gz if any). Everything lands in $OUT.
+set -u
+T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$(pwd); G=$R/.gpu; V=${DDTREE_VERSION:-0.2.2}
+BUDGETS=${BUDGETS:-16,32,64,128,256,512,1024}; BATCH=${BATCH:-4}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
+if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
+mkdir -p /tmp/jitcache; [ -f "$G/jitcache.tar.gz" ] && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache
+M=/tmp/models/trained
+if [ ! -f "$M/train_log.json" ]; then
+  PYTHONPATH=/tmp/site python3 tools/gpu/train_tiny_pair.py --out "$M" --seed "${SEED:-0}" 2>&1 | tail -n 25 || exit 1
+fi
+cp "$M/train_log.json" "$OUT/" && echo "[$(el)s] pair ready: $(python3 -c "import json; print(json.load(open('$M/train_log.json'))['chain_acceptance_offline'])") offline chain acceptance"
+
+PY=$(command -v python3)
+cat > "$OUT/inventory.yaml" <<YAML
+hosts:
+  h200:
+    transport: local
+    python: $PY
+    package_root: /tmp/site
+    state_dir: /tmp/ddtree-state
+    env: {PYTHONPATH: /tmp/site}
+    service:
+      kind: process
+      command: [$PY, -m, sglang.launch_server]
+      args: [--model-path, $M/target, --speculative-draft-model-path, $M/dflash_draft,
+             --host, 127.0.0.1, --port, "30000", --attention-backend, triton, --sampling-backend, pytorch,
+             --mem-fraction-static, "0.2", --max-total-tokens, "65536", --context-length, "2048",
+             --cuda-graph-max-bs-decode, "$BATCH", --disable-prefill-cuda-graph, --random-seed, "0"]
+      env: {PYTHONPATH: /tmp/site, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1",
+            TVM_FFI_CACHE_DIR: /tmp/jitcache, TRITON_CACHE_DIR: /tmp/jitcache/triton, FLASHINFER_WORKSPACE_BASE: /tmp/fi}
+      port: 30000
+      ready_timeout_s: 300
+      stop_grace_s: 10
+    probes:
+      - {kind: http, path: /health, status: 200}
+YAML
+tool() {  # timeout args...
+  local t=$1; shift
+  echo "[$(el)s] \$ ddtree-deploy $*" | tee -a "$OUT/transcript.txt"
+  PYTHONPATH=$R:/tmp/site DDTREE_INVENTORY=$OUT/inventory.yaml DDTREE_DEPLOY_FORKSERVER=0 \
+    timeout "$t" python3 -m ddtree_deploy.cli "$@" 2>&1 | tee -a "$OUT/transcript.txt"
+  echo "[$(el)s] exit ${PIPESTATUS[0]}" | tee -a "$OUT/transcript.txt"
+}
+tool 240 restart --host h200
+tool 300 push --host h200 --overlay "ddtree@$V"
+EXTRA=(); [ "${DFLASH:-1}" = 1 ] || EXTRA+=(--no-dflash); [ "${TREE_STATS:-1}" = 1 ] || EXTRA+=(--no-tree-stats)
+[ -n "${BASELINE:-}" ] && EXTRA+=(--baseline "$BASELINE")
+tool "${BENCH_TIMEOUT:-3000}" bench --host h200 --budgets "$BUDGETS" --batch "$BATCH" --results "$OUT/sweep" "${EXTRA[@]}"
+[ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" -C /tmp/jitcache . 2>/dev/null
+echo "[$(el)s] done; $(ls "$OUT/sweep" 2>/dev/null | tr '\n' ' ')"
