@@ -107,18 +107,15 @@ class HostSpec(_Strict):
         """What ssh is given as the destination: `ssh_host`, else the ssh_config alias, else the name."""
         return self.ssh_host or self.ssh or self.name
 
-    @field_validator("ssh_host", mode="after")
+    @field_validator("ssh_host", "ssh_user", mode="after")
     @classmethod
-    def _host_is_a_host(cls, value: str | None) -> str | None:
-        if value is not None and not HOST.fullmatch(value):
-            raise ValueError(f"ssh_host {value!r}: give a host name or an address (not starting with -)")
-        return value
-
-    @field_validator("ssh_user", mode="after")
-    @classmethod
-    def _user_is_a_user(cls, value: str | None) -> str | None:
-        if value is not None and not USER.fullmatch(value):
-            raise ValueError(f"ssh_user {value!r}: give a login name (letters, digits, . _ - @ $, not starting with -)")
+    def _never_an_option(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """What ssh is given as a host or a login name: never a word it could read as an option."""
+        pattern, what = {"ssh_host": (HOST, "a host name or an address (not starting with -)"),
+                         "ssh_user": (USER, "a login name (letters, digits, . _ - @ $, not starting with -)")}[
+                             str(info.field_name)]
+        if value is not None and not pattern.fullmatch(value):
+            raise ValueError(f"{info.field_name} {value!r}: give {what}")
         return value
 
     @field_validator("ssh", mode="after")
