@@ -1,4 +1,4 @@
-"""The app registers every command, and a run imports only what its command does (measured, not assumed)."""
+"""The app as a whole: what it registers, what a run imports (measured, not assumed), and what it leaves behind."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from ddtree_deploy.cli import app
+from ddtree_deploy.history import AUDIT_ENV
 from sandbox.hosts import SandboxHost
 
+Cli = Callable[..., Any]  # the `cli` fixture (tests/conftest.py): runs the app, returns a CliOutcome
 REPO = Path(__file__).resolve().parents[2]
 #: imported by a command that needs them, never by the CLI itself
 HEAVY = ("fabric", "paramiko", "rich", "rich.table", "ddtree_deploy.steps", "ddtree_deploy.overlay",
@@ -49,3 +52,22 @@ def test_status_json_on_a_local_host_imports_no_ssh_stack_and_no_rich(
 
     assert "ddtree_deploy.commands._host_status" in imported  # it did run the status
     assert sorted(imported & {"fabric", "paramiko", "rich", "rich.table"}) == []
+
+
+def _file_state(path: Path) -> tuple[int, int] | None:
+    return (path.stat().st_size, path.stat().st_mtime_ns) if path.exists() else None
+
+
+def test_a_cli_run_under_the_tests_leaves_the_users_audit_log_alone(
+        make_host: Callable[..., SandboxHost], cli: Cli, user_audit_log: Path, tmp_path: Path) -> None:
+    before = _file_state(user_audit_log)
+    host = make_host("ct129")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"ct129": host.inventory_entry(transport="local")}}))
+    stopped = cli("stop", "--all", "--json", inventory=inventory)
+    assert stopped.exit_code == 0, stopped.stdout
+    assert _file_state(user_audit_log) == before
+    # the run was logged, in this test's own audit log, and `history` reads it back
+    assert Path(os.environ[AUDIT_ENV]) != user_audit_log
+    shown = cli("history", "--json", inventory=inventory)
+    assert shown.exit_code == 0 and [line["command"] for line in shown.json["data"]["audit"]] == ["stop"]
