@@ -7,9 +7,12 @@ with `output.emit` (rich for people, one `{"data": ...}` envelope with `--json`)
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from ddtree_deploy.commands import register
+from ddtree_deploy.output import run_app
 
 app = typer.Typer(
     name="ddtree-deploy",
@@ -22,7 +25,7 @@ register(app)
 
 
 def main() -> None:
-    app()
+    sys.exit(run_app(app, sys.argv[1:]))  # run_app renders usage errors as every other error
 
 
 if __name__ == "__main__":

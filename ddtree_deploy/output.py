@@ -13,18 +13,20 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from pydantic import BaseModel
 
-from ddtree_deploy.errors import DeployError
+from ddtree_deploy.errors import DeployError, UsageError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 M = TypeVar("M", bound=BaseModel)
 
+#: the program's name in usage lines and hints, however it was started (`python -m ddtree_deploy.cli` too)
+PROG = "ddtree-deploy"
 
 
 @functools.cache
@@ -78,14 +80,58 @@ def emit(result: BaseModel, *, as_json: bool, human: Callable[[Any], None], code
 
 def fail(error: DeployError, *, as_json: bool) -> NoReturn:
     """Print one error (envelope or one red line plus hint) and exit 2 for bad input, else 1 or 3."""
+    print_error(error, as_json=as_json)
+    raise typer.Exit(int(exit_code_for(error)))
+
+
+def print_error(error: DeployError, *, as_json: bool) -> None:
+    """The `{"error": ...}` envelope on stdout, or one red line on stderr with the hint below it."""
     if as_json:
         body = {"code": error.code, "message": str(error), "hint": error.hint}
         sys.stdout.write(json.dumps({"error": body}) + "\n")
     else:
-        _console(stderr=True).print(f"[bold red]error[/]: {error}", soft_wrap=True)
+        from rich.markup import escape  # a message may hold brackets (NAME[@VERSION]) that are not markup
+
+        _console(stderr=True).print(f"[bold red]error[/]: {escape(str(error))}", soft_wrap=True)
         if error.hint:
-            _console(stderr=True).print(f"  [dim]hint:[/] {error.hint}", soft_wrap=True)
-    raise typer.Exit(int(exit_code_for(error)))
+            _console(stderr=True).print(f"  [dim]hint:[/] {escape(error.hint)}", soft_wrap=True)
+
+
+#: click's UsageError (typer vendors click and exports only its subclass BadParameter)
+_UsageError = cast("type[typer.TyperException]", typer.BadParameter.__mro__[1])
+
+
+def run_app(app: typer.Typer, args: list[str]) -> int:
+    """Run the app on `args` and return its exit code: the one place a usage error is rendered.
+
+    A bad option or value (`status --jsn`, `push --wave-size x`) is bad input like any other: with
+    `--json` anywhere before `--` it is the error envelope on stdout (code `usage`), with stderr
+    empty; without, one line and a hint on stderr. Exit code 2 either way.
+    """
+    as_json = "--json" in (args[:args.index("--")] if "--" in args else args)
+    try:
+        code = app(args=args, prog_name=PROG, standalone_mode=False)
+    except typer.TyperException as exc:  # click's own errors
+        if type(exc).__name__ == "NoArgsIsHelpError":  # the help is printed already (typer checks it so too)
+            return exc.exit_code
+        if not isinstance(exc, _UsageError):
+            print_error(DeployError(exc.format_message()), as_json=as_json)
+            return exc.exit_code
+        print_error(usage_error(exc), as_json=as_json)
+        return int(ExitCode.BAD_INPUT)
+    except typer.Abort:  # end of input at a prompt
+        print_error(DeployError("aborted"), as_json=as_json)
+        return int(ExitCode.FAILED)
+    return code if isinstance(code, int) else 0
+
+
+def usage_error(exc: typer.TyperException) -> UsageError:
+    """click's usage error as ours: the message names the command, the hint its --help."""
+    ctx = getattr(exc, "ctx", None)
+    path = ctx.command_path if ctx is not None else PROG
+    command = path.removeprefix(PROG).strip()
+    message = exc.format_message()
+    return UsageError(f"{command}: {message}" if command else message, code="usage", hint=f"see `{path} --help`")
 
 
 def exit_code_for(error: DeployError) -> ExitCode:

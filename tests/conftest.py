@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,12 +99,17 @@ class CliOutcome:
 
 @pytest.fixture
 def cli() -> Callable[..., CliOutcome]:
-    """`cli("status", "--json", inventory=path)`: the real Typer app, in-process, stdout and stderr apart."""
+    """`cli("status", "--json", inventory=path)`: the real app, in-process, through the same entry as the
+    console script (`output.run_app`, where usage errors are rendered), stdout and stderr apart."""
     from ddtree_deploy.cli import app
+    from ddtree_deploy.output import run_app
 
     def run(*args: str, inventory: Path | None = None) -> CliOutcome:
         argv = list(args) + (["--inventory", str(inventory)] if inventory is not None else [])
-        result = CliRunner().invoke(app, argv, catch_exceptions=False)
-        return CliOutcome(exit_code=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+        with CliRunner().isolation() as (stdout, stderr, _):
+            code = run_app(app, argv)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            return CliOutcome(exit_code=code, stdout=stdout.getvalue().decode(), stderr=stderr.getvalue().decode())
 
     return run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from ddtree_deploy.cli import app
@@ -71,3 +73,29 @@ def test_a_cli_run_under_the_tests_leaves_the_users_audit_log_alone(
     assert Path(os.environ[AUDIT_ENV]) != user_audit_log
     shown = cli("history", "--json", inventory=inventory)
     assert shown.exit_code == 0 and [line["command"] for line in shown.json["data"]["audit"]] == ["stop"]
+
+
+@pytest.mark.parametrize("args", [["status", "--jsn"], ["push", "--all", "--wave-size", "x"],
+                                  ["overlay", "check", "--bse", "0.5.17"], ["no-such-verb"]])
+def test_a_usage_error_with_json_is_the_error_envelope_on_stdout(cli: Cli,
+                                                                 args: list[str]) -> None:
+    out = cli(*args, "--json")
+    assert (out.exit_code, out.stderr) == (2, "")
+    error = out.json["error"]
+    assert error["code"] == "usage" and "--help" in error["hint"], error
+    assert error["message"].startswith(args[0]) or args[0] == "no-such-verb", error
+
+
+def test_a_usage_error_without_json_is_one_line_and_its_hint(cli: Cli) -> None:
+    out = cli("status", "--jsn")
+    assert (out.exit_code, out.stdout) == (2, "")
+    assert out.stderr.splitlines() == ["error: status: No such option: --jsn (Possible options: --json)",
+                                       "  hint: see `ddtree-deploy status --help`"]
+
+
+def test_the_console_script_keeps_stderr_empty_on_a_usage_error_with_json() -> None:
+    env = {**os.environ, "DDTREE_DEPLOY_FORKSERVER": "0"}
+    proc = subprocess.run([sys.executable, "-c", "from ddtree_deploy.cli import main; main()", "push", "--all",
+                           "--wave-size", "x", "--json"], capture_output=True, text=True, env=env, check=False)
+    assert (proc.returncode, proc.stderr) == (2, "")
+    assert json.loads(proc.stdout)["error"]["code"] == "usage"
