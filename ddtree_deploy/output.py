@@ -23,6 +23,8 @@ from ddtree_deploy.errors import DeployError, UsageError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ddtree_deploy.fleet import ErrorInfo
+
 M = TypeVar("M", bound=BaseModel)
 
 #: the program's name in usage lines and hints, however it was started (`python -m ddtree_deploy.cli` too)
@@ -90,8 +92,6 @@ def print_error(error: DeployError, *, as_json: bool) -> None:
         body = {"code": error.code, "message": str(error), "hint": error.hint}
         sys.stdout.write(json.dumps({"error": body}) + "\n")
     else:
-        from rich.markup import escape  # a message may hold brackets (NAME[@VERSION]) that are not markup
-
         _console(stderr=True).print(f"[bold red]error[/]: {escape(str(error))}", soft_wrap=True)
         if error.hint:
             _console(stderr=True).print(f"  [dim]hint:[/] {escape(error.hint)}", soft_wrap=True)
@@ -132,6 +132,41 @@ def usage_error(exc: typer.TyperException) -> UsageError:
     command = path.removeprefix(PROG).strip()
     message = exc.format_message()
     return UsageError(f"{command}: {message}" if command else message, code="usage", hint=f"see `{path} --help`")
+
+
+def escape(text: str) -> str:
+    """`text` shown as it is, never read as rich markup (a message may hold brackets: NAME[@VERSION])."""
+    from rich.markup import escape as rich_escape  # imported on first use, like the consoles
+
+    return rich_escape(text)
+
+
+#: what a host that gave no answer is, by its error's code (any other code reads as itself)
+NO_ANSWER = {
+    "unreachable": "unreachable",
+    "host_key_rejected": "host key refused",
+    "package_not_found": "no sglang in {python}",
+    "python_too_old": "{python} too old",
+    "skipped": "not reached",
+}
+
+
+def no_answer(code: str, python: str = "its python") -> str:
+    """A few words for a host row without a result: "host key refused", "no sglang in /usr/bin/python3"."""
+    return NO_ANSWER.get(code, code.replace("_", " ")).format(python=python)
+
+
+def print_host_error(host: str, error: ErrorInfo | None) -> None:
+    """A host row without a result: its error in red, then the hint that `--json` carries."""
+    message = error.message if error is not None else "skipped (stopped after earlier failures)"
+    message = message.removeprefix(f"{host}: ")  # the row names the host already
+    _console(stderr=False).print(f"[bold]{escape(host)}[/]: [red]{escape(message)}[/]", soft_wrap=True)
+    if error is not None and error.hint:
+        print_hint(error.hint)
+
+
+def print_hint(hint: str) -> None:
+    _console(stderr=False).print(f"  [dim]hint:[/] {escape(hint)}", soft_wrap=True)
 
 
 def exit_code_for(error: DeployError) -> ExitCode:

@@ -103,14 +103,14 @@ def render(report: FleetReport[PlaybookReport]) -> None:
                               soft_wrap=True)
             continue
         if row.result is None:
-            message = row.error.message if row.error else "no result"
-            out.console.print(f"[bold]{row.host}[/]: [red]{message}[/]")
-            if row.error and row.error.hint:
-                out.console.print(f"  [dim]hint:[/] {row.error.hint}")
+            out.print_host_error(row.host, row.error)
             continue
         r = row.result
-        out.console.print(f"[bold]{r.host}[/]: [{_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]"
-                      + (f" (failed at {r.failed_step}: {r.reason})" if r.failed_step else ""), soft_wrap=True)
+        reason = f" (failed at {r.failed_step}: {out.escape(r.reason)})" if r.failed_step else ""
+        out.console.print(f"[bold]{r.host}[/]: [{_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]{reason}", soft_wrap=True)
+        failed = next((o for o in r.steps if o.status == "failed"), None)
+        if failed is not None and failed.hint:
+            out.print_hint(failed.hint)  # what to do, as `--json` says it
         out.console.print(_steps_table(r))
         _render_evidence(r)
 
@@ -124,7 +124,7 @@ def _steps_table(r: PlaybookReport) -> Table:
     for phase, outcomes in (("", r.steps), ("recovery", r.recovery)):
         for o in outcomes:
             colour = {"ok": "green", "noop": "dim", "failed": "red", "skipped": "dim"}[o.status]
-            table.add_row(phase, o.step, f"[{colour}]{o.status}[/]", f"{o.duration_s:.2f}", o.message)
+            table.add_row(phase, o.step, f"[{colour}]{o.status}[/]", f"{o.duration_s:.2f}", out.escape(o.message))
     return table
 
 

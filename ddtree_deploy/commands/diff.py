@@ -51,7 +51,7 @@ def _render(report: FleetReport[DriftReport]) -> None:
 
     for row in report.hosts:
         if row.result is None:
-            out.console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
             continue
         drift = row.result
         against = f"snapshot {drift.baseline}" + (f" + {drift.overlay}" if drift.overlay else "")

@@ -55,7 +55,7 @@ def _render(report: HistoryReport) -> None:
     for row in report.hosts.hosts:
         out.console.rule(f"[bold]{row.host}")
         if row.result is None:
-            out.console.print(f"[red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
             continue
         for event in row.result.events or [{"op": "(no history yet)"}]:
             out.console.print(_event_line(event), soft_wrap=True)

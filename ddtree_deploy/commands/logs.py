@@ -53,7 +53,7 @@ def _render(report: FleetReport[LogChunk]) -> None:
     prefix = len(report.hosts) > 1
     for row in report.hosts:
         if row.result is None:
-            out.console.print(f"{row.host}: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
         else:
             _print_lines(row.host, row.result.text.splitlines(), prefix)
 

@@ -1,0 +1,54 @@
+"""What people read: hints beside errors, a status row that says why a host gave no answer."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import CliOutcome
+
+from ddtree_deploy.commands import _play, status
+from ddtree_deploy.commands._host_status import HostStatus
+from ddtree_deploy.fleet import ErrorInfo, FleetReport, HostRow
+from ddtree_deploy.playbook import PlaybookReport
+from ddtree_deploy.steps import StepOutcome
+
+DRIFT_HINT = "see `ddtree-deploy diff --host ct200`; push --force overwrites, rollback restores"
+
+
+def test_a_refused_push_shows_the_hint_that_json_carries(capsys: pytest.CaptureFixture[str]) -> None:
+    refused = StepOutcome(step="preflight", status="failed", code="drift", hint=DRIFT_HINT,
+                          message="ct200: 1 file drifted: sglang/srt/server_args.py [modified]")
+    report = PlaybookReport(playbook="push", host="ct200", outcome="refused", failed_step="preflight",
+                            reason=refused.message, steps=[refused])
+    _play.render(FleetReport[PlaybookReport](command="push", hosts=[HostRow(host="ct200", result=report)]))
+    shown = capsys.readouterr().out
+    assert f"hint: {DRIFT_HINT}" in shown
+    assert "[modified]" in shown  # brackets in a message are text, not rich markup
+
+
+def test_the_status_table_says_why_a_host_gave_no_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [
+        HostRow[HostStatus](host="ct129", error=ErrorInfo(code="host_key_rejected", message="ct129: key refused",
+                                                          hint="ssh-keygen -R ct129")),
+        HostRow[HostStatus](host="ct200", error=ErrorInfo(code="package_not_found", message="no sglang")),
+        HostRow[HostStatus](host="ct300", error=ErrorInfo(code="unreachable", message="cannot connect")),
+    ]
+    status.render(FleetReport[HostStatus](command="status", hosts=rows), pythons={"ct200": "/opt/env/bin/python3"})
+    shown = capsys.readouterr().out
+    assert "host key refused" in shown and "hint: ssh-keygen -R ct129" in shown
+    assert "no sglang in /opt/env/bin/python3" in shown
+    assert shown.count("unreachable") == 1  # ct300 alone
+
+
+def test_status_of_a_python_without_sglang_says_so(cli: Callable[..., CliOutcome], tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    host = {"transport": "local", "python": sys.executable, "package_root": str(tmp_path), "state_dir": str(tmp_path)}
+    inventory.write_text(yaml.safe_dump({"hosts": {"box": host}}))
+    out = cli("status", inventory=inventory)
+    assert out.exit_code == 1
+    assert "no sglang in" in out.stdout and "unreachable" not in out.stdout, out.stdout
+    assert "hint: fix the host's package_root" in out.stdout
