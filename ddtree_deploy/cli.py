@@ -11,16 +11,17 @@ import sys
 
 import typer
 
-from ddtree_deploy.commands import register
-from ddtree_deploy.output import run_app
+from ddtree_deploy.commands import register, root
+from ddtree_deploy.output import Group, run_app
 
 app = typer.Typer(
     name="ddtree-deploy",
     help="Snapshot, patch, restart and roll back the installed sglang package on a fleet of GPU hosts.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    cls=Group,  # help texts as written (output.Command)
 )
+app.callback()(root)  # --version
 register(app)
 
 

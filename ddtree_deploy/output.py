@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from pydantic import BaseModel
+from typer.core import TyperCommand, TyperGroup
 
 from ddtree_deploy.errors import DeployError, UsageError
 
@@ -58,17 +60,74 @@ class ExitCode(enum.IntEnum):
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print only a JSON envelope on stdout.")]
-HostOption = Annotated[list[str] | None, typer.Option("--host", "-H", help="Host name (repeatable).")]
-GroupOption = Annotated[list[str] | None, typer.Option("--group", "-g", help="Group name (repeatable).")]
+HostOption = Annotated[list[str] | None, typer.Option("--host", "-H", metavar="NAME", help="Host name (repeatable).")]
+GroupOption = Annotated[list[str] | None, typer.Option("--group", "-g", metavar="GROUP", help="Group name (repeatable).")]
 AllOption = Annotated[bool, typer.Option("--all", help="Every host of the inventory.")]
 InventoryOption = Annotated[
     str | None,
-    typer.Option("--inventory", "-i", envvar="DDTREE_INVENTORY",
+    typer.Option("--inventory", "-i", envvar="DDTREE_INVENTORY", metavar="PATH",
                  help="Inventory: ours (default ./inventory.yaml), or an Ansible one (hosts.ini, or YAML with all:)."),
 ]
 AcceptNewHostKeyOption = Annotated[
     bool, typer.Option("--accept-new-host-key", help="Record host keys never seen before (never a changed one).")
 ]
+
+
+class Command(TyperCommand):
+    """A command whose help reads as written: paragraphs rewrapped, brackets shown, no `<bool>` metavars.
+
+    Typer's rich help keeps a docstring's line breaks, reads `[@VERSION]` as markup (and drops it), and
+    labels every option with its Python type (`--force <bool>`, `--host <list[str]>`). Every command
+    and group of the CLI is made with this class or `Group`, so each help text is fixed once, here,
+    when help is first shown (a run that shows none imports no rich).
+    """
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _readable_help(self)
+        super().format_help(ctx, formatter)
+
+    def get_params(self, ctx: Any) -> Any:  # every option, the help and completion ones included
+        return [_readable_metavar(param) for param in super().get_params(ctx)]
+
+
+class Group(TyperGroup):
+    """`Command`'s help texts for a group of commands (the app, `overlay`), and its commands' in its list."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        for command in (self, *self.commands.values()):
+            _readable_help(command)
+        super().format_help(ctx, formatter)
+
+    def get_params(self, ctx: Any) -> Any:  # every option, the help and completion ones included
+        return [_readable_metavar(param) for param in super().get_params(ctx)]
+
+
+def _readable_help(command: Any) -> None:
+    """The command's own texts: its docstring rewrapped, every text shown as written (not rich markup)."""
+    if getattr(command, "_help_readable", False):
+        return
+    command._help_readable = True
+    if command.help:
+        command.help = escape(reflow(command.help))
+    for param in command.params:
+        text = getattr(param, "help", None)
+        if text:
+            param.help = escape(text)
+
+
+def _readable_metavar(param: Any) -> Any:
+    """A flag shows no metavar; an option with a value its declared one, else its name (HOST)."""
+    if getattr(param, "is_flag", False):
+        param.metavar = ""
+    elif param.metavar is None:
+        param.metavar = (param.name or "value").upper()
+    return param
+
+
+def reflow(text: str) -> str:
+    """A docstring's paragraphs, each on one line (the terminal wraps them)."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def emit(result: BaseModel, *, as_json: bool, human: Callable[[Any], None], code: ExitCode = ExitCode.OK) -> NoReturn:

@@ -30,7 +30,7 @@ def history(
     host: out.HostOption = None,
     group: out.GroupOption = None,
     all_hosts: out.AllOption = False,
-    lines: Annotated[int, typer.Option("-n", help="Events per host, and audit lines.")] = 10,
+    lines: Annotated[int, typer.Option("-n", metavar="N", help="Events per host, and audit lines.")] = 10,
     inventory: out.InventoryOption = None,
     accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,

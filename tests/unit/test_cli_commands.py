@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ import pytest
 import yaml
 
 from ddtree_deploy.cli import app
+from ddtree_deploy.commands import version
 from ddtree_deploy.history import AUDIT_ENV
+from ddtree_deploy.output import reflow
 from sandbox.hosts import SandboxHost
 
 Cli = Callable[..., Any]  # the `cli` fixture (tests/conftest.py): runs the app, returns a CliOutcome
@@ -99,3 +102,47 @@ def test_the_console_script_keeps_stderr_empty_on_a_usage_error_with_json() -> N
                            "--wave-size", "x", "--json"], capture_output=True, text=True, env=env, check=False)
     assert (proc.returncode, proc.stderr) == (2, "")
     assert json.loads(proc.stdout)["error"]["code"] == "usage"
+
+
+def every_command() -> list[list[str]]:
+    return [[c.name or ""] for c in app.registered_commands] + [["overlay"], ["overlay", "list"], ["overlay", "check"],
+                                                                ["overlay", "export"]]
+
+
+@pytest.mark.parametrize("command", every_command(), ids=" ".join)
+def test_every_help_text_shows_what_it_declares(cli: Cli, command: list[str]) -> None:
+    shown = cli(*command, "--help")
+    assert shown.exit_code == 0, shown.stderr
+    assert "<bool>" not in shown.stdout and "<list" not in shown.stdout and "<int>" not in shown.stdout
+    if command in (["push"], ["play"], ["overlay", "check"]):
+        assert "NAME[@VERSION]" in shown.stdout  # rich markup would take "[@VERSION]" for a tag and drop it
+
+
+def test_a_docstring_is_rewrapped_by_paragraph() -> None:
+    assert reflow("""First line
+        goes on.
+
+        Second paragraph,
+        two lines.
+    """) == "First line goes on.\n\nSecond paragraph, two lines."
+
+
+def test_version(cli: Cli) -> None:
+    shown = cli("--version")
+    assert (shown.exit_code, shown.stdout, shown.stderr) == (0, f"ddtree-deploy {version()}\n", "")
+    assert version() == metadata.version("ddtree-deploy")
+
+
+def test_shell_completion_completes_commands_and_options() -> None:
+    def complete(words: str) -> list[str]:
+        env = {**os.environ, "DDTREE_DEPLOY_FORKSERVER": "0", "_DDTREE_DEPLOY_COMPLETE": "complete_bash",
+               "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)}
+        proc = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli"], env=env, capture_output=True, text=True,
+                              check=True)
+        return proc.stdout.split()
+
+    assert complete("ddtree-deploy pu") == ["push"]
+    assert complete("ddtree-deploy push --ov") == ["--overlay", "--overlays"]
+    script = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--show-completion", "bash"],
+                            env={**os.environ, "DDTREE_DEPLOY_FORKSERVER": "0"}, capture_output=True, text=True)
+    assert script.returncode == 0 and "complete -o default -F _ddtree_deploy_completion ddtree-deploy" in script.stdout
