@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from conftest import CliOutcome
 
 from ddtree_deploy.commands import _play, status
 from ddtree_deploy.commands._host_status import HostStatus
@@ -17,6 +17,9 @@ from ddtree_deploy.playbook import PlaybookReport
 from ddtree_deploy.steps import StepOutcome
 
 DRIFT_HINT = "see `ddtree-deploy diff --host ct200`; push --force overwrites, rollback restores"
+
+
+Cli = Callable[..., Any]  # the `cli` fixture (tests/conftest.py): runs the app, returns a CliOutcome
 
 
 def test_a_refused_push_shows_the_hint_that_json_carries(capsys: pytest.CaptureFixture[str]) -> None:
@@ -44,7 +47,7 @@ def test_the_status_table_says_why_a_host_gave_no_answer(capsys: pytest.CaptureF
     assert shown.count("unreachable") == 1  # ct300 alone
 
 
-def test_status_of_a_python_without_sglang_says_so(cli: Callable[..., CliOutcome], tmp_path: Path) -> None:
+def test_status_of_a_python_without_sglang_says_so(cli: Cli, tmp_path: Path) -> None:
     inventory = tmp_path / "inventory.yaml"
     host = {"transport": "local", "python": sys.executable, "package_root": str(tmp_path), "state_dir": str(tmp_path)}
     inventory.write_text(yaml.safe_dump({"hosts": {"box": host}}))
