@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +13,7 @@ from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
 from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import Transport
+from ddtree_deploy.wording import moment
 
 
 class HostHistory(BaseModel):
@@ -72,4 +72,4 @@ def _event_line(event: dict[str, Any]) -> str:
 
 
 def _when(ts: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if isinstance(ts, (int, float)) else "-"
+    return moment(ts) if isinstance(ts, (int, float)) else "-"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ddtree_deploy import output as out
+from ddtree_deploy.wording import plural
 
 if TYPE_CHECKING:  # the command bodies import what they use: the CLI's start stays cheap
     from ddtree_deploy.catalog import OverlayList, OverlaySearch
@@ -139,7 +140,8 @@ def _render_check(report: OverlayCheckReport) -> None:
             source = f" (patches from {base.patches_from})" if base.patches_from != base.base else ""
             head = f"{check.overlay}@{check.version} on sglang {base.base}{source}"
             if base.ok:
-                out.console.print(f"[green]ok[/] {head}: {len(base.patched)} patches applied, {base.compiled} files compile")
+                out.console.print(f"[green]ok[/] {head}: {plural(len(base.patched), 'patch')} applied, "
+                                  f"{plural(base.compiled, 'file')} compile")
             else:
                 out.console.print(f"[red]FAILED[/] {head}")
             for conflict in base.conflicts:
