@@ -12,6 +12,8 @@ import functools
 import inspect
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
@@ -21,9 +23,11 @@ from pydantic import BaseModel
 from typer.core import TyperCommand, TyperGroup
 
 from ddtree_deploy.errors import DeployError, UsageError
+from ddtree_deploy.wording import elapsed
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from ddtree_deploy.fleet import ErrorInfo
 
@@ -253,3 +257,44 @@ def progress(message: str, as_json: bool) -> Iterator[None]:
         return
     with _console(stderr=True).status(message):
         yield
+
+
+class StepProgress:
+    """A spinner on stderr naming each host's current step and how long it has run (`ct200: restart 42 s`).
+
+    Repainted as it spins, so a step that waits (a GPU server takes minutes to become ready) shows its
+    seconds going up. Silent with --json or when stderr is not a terminal.
+    """
+
+    def __init__(self, enabled: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.enabled = enabled and _console(stderr=True).is_terminal
+        self.clock = clock
+        self.current: dict[str, tuple[str, float]] = {}
+        self.lock = threading.Lock()
+        self.status: Any = None
+
+    def __enter__(self) -> StepProgress:
+        if self.enabled:
+            self.status = _console(stderr=True).status(self)  # rendered anew on every refresh: see __rich__
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.status is not None:
+            self.status.__exit__(None, None, None)
+
+    def update(self, host: str, step: str) -> None:
+        """`host` started `step` now (the playbook's progress callback)."""
+        with self.lock:
+            self.current[host] = (step, self.clock())
+
+    def line(self) -> str:
+        now = self.clock()
+        with self.lock:
+            steps = sorted(self.current.items())
+        return " | ".join(f"{host}: {step} {elapsed(now - since)}" for host, (step, since) in steps) or "starting"
+
+    def __rich__(self) -> Text:
+        from rich.text import Text
+
+        return Text(self.line())

@@ -1,4 +1,5 @@
-"""How counts and times read in messages: "1 patch", "3 files"; a moment as ISO-8601 UTC with its age.
+"""How counts and times read in messages: "1 patch", "3 files"; a moment as ISO-8601 UTC with its age;
+a running time.
 
 Any module may word its messages with these (they format no rich markup and import nothing of ours).
 """
@@ -33,3 +34,13 @@ def duration(seconds: float) -> str:
     if seconds < 36 * 3600:
         return f"{seconds / 3600:.0f} h"
     return plural(round(seconds / 86400), "day")
+
+
+def elapsed(seconds: float) -> str:
+    """`42 s`, `1 min 42 s`, `1 h 05 min`: a running time, to the second while that matters."""
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"

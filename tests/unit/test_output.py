@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ddtree_deploy import output as out
 from ddtree_deploy.commands import _play, status
 from ddtree_deploy.commands._host_status import HostStatus
 from ddtree_deploy.fleet import ErrorInfo, FleetReport, HostRow
@@ -55,3 +57,21 @@ def test_status_of_a_python_without_sglang_says_so(cli: Cli, tmp_path: Path) -> 
     assert out.exit_code == 1
     assert "no sglang in" in out.stdout and "unreachable" not in out.stdout, out.stdout
     assert "hint: fix the host's package_root" in out.stdout
+
+
+def test_the_progress_line_shows_each_hosts_step_with_its_seconds_going_up() -> None:
+    from rich.console import Console
+
+    now = [100.0]
+    progress = out.StepProgress(enabled=False, clock=lambda: now[0])
+    assert progress.line() == "starting"
+    progress.update("ct200", "restart")
+    progress.update("ct129", "probe")
+    now[0] += 42
+    assert progress.line() == "ct129: probe 42 s | ct200: restart 42 s"
+    screen = Console(file=io.StringIO(), width=80)
+    screen.print(progress)
+    now[0] += 60  # the spinner repaints the same object: the new time shows without an update
+    screen.print(progress)
+    assert screen.file.getvalue().splitlines() == ["ct129: probe 42 s | ct200: restart 42 s",
+                                                   "ct129: probe 1 min 42 s | ct200: restart 1 min 42 s"]
