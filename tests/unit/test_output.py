@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,11 +13,15 @@ import pytest
 import yaml
 
 from ddtree_deploy import output as out
-from ddtree_deploy.commands import _play, status
+from ddtree_deploy.commands import _play, diff, status
 from ddtree_deploy.commands._host_status import HostStatus
 from ddtree_deploy.fleet import ErrorInfo, FleetReport, HostRow
+from ddtree_deploy.inventory import load_inventory
 from ddtree_deploy.playbook import PlaybookReport
+from ddtree_deploy.remote.drift import DriftEntry, DriftReport
 from ddtree_deploy.steps import StepOutcome
+from ddtree_deploy.transport import LocalTransport
+from sandbox.hosts import SandboxHost
 
 DRIFT_HINT = "see `ddtree-deploy diff --host ct200`; push --force overwrites, rollback restores"
 
@@ -75,3 +80,23 @@ def test_the_progress_line_shows_each_hosts_step_with_its_seconds_going_up() -> 
     screen.print(progress)
     assert screen.file.getvalue().splitlines() == ["ct129: probe 42 s | ct200: restart 42 s",
                                                    "ct129: probe 1 min 42 s | ct200: restart 1 min 42 s"]
+
+
+def test_counts_read_in_the_singular_where_there_is_one(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    one = DriftReport(host="ct200", baseline="s1", clean=False, checked=1,
+                      files=[DriftEntry(path="sglang/x.py", kind="modified")])
+    diff._render(FleetReport[DriftReport](command="diff", hosts=[HostRow(host="ct200", result=one)]))
+    assert "1 file drifted" in capsys.readouterr().out
+
+
+def test_a_lock_reads_as_a_time_and_its_age_not_epoch_seconds(
+        cli: Cli, make_host: Callable[..., SandboxHost], tmp_path: Path) -> None:
+    host = make_host("ct129")
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"ct129": host.inventory_entry(transport="local")}}))
+    inv = load_inventory(str(inventory))
+    LocalTransport(inv.hosts["ct129"], owner="alice").call("lock", {"owner": "alice@ws1 pid 1 (push)"})
+    out = cli("status", "--json", inventory=inventory)
+    assert out.exit_code == 3
+    notes = out.rows()["ct129"]["result"]["notes"]
+    assert any(re.fullmatch(r"locked since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(\d+ s ago\)", n) for n in notes), notes
