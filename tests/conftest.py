@@ -28,40 +28,38 @@ USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or USER_HOME / ".cache")
 USER_AUDIT_LOG = Path(os.environ.get(AUDIT_ENV) or USER_HOME / ".local/state/ddtree-deploy/audit.jsonl")
 
 
-def _point_state_at(mp: pytest.MonkeyPatch, home: Path, runtime: Path) -> None:
-    """HOME, the XDG state, config and runtime folders and the audit log into `home` (and `runtime`).
+def _point_state_at(mp: pytest.MonkeyPatch, home: Path) -> None:
+    """HOME, the XDG state, config and runtime folders and the audit log into `home`.
 
     Whatever defaults to `~/.local/state/ddtree-deploy` (the audit log, a host's state), `~/.ssh` or
-    the runtime folder then lands there. Caches stay shared (the release cache, pip's, the stand-in's
+    `~/.config` then lands there. Caches stay shared (the release cache, pip's, the stand-in's
     compile cache): they hold nothing of the user's and save minutes.
     """
     mp.setenv("HOME", str(home))
     mp.setenv("XDG_CACHE_HOME", str(USER_CACHE))
     mp.setenv("XDG_STATE_HOME", str(home / ".local/state"))
     mp.setenv("XDG_CONFIG_HOME", str(home / ".config"))
-    mp.setenv("XDG_RUNTIME_DIR", str(runtime))
+    mp.setenv("XDG_RUNTIME_DIR", str(home / ".run"))
     mp.setenv(AUDIT_ENV, str(home / ".local/state/ddtree-deploy/audit.jsonl"))
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The session's own state (for session and module fixtures) and one private runtime folder for the
-    whole run: sockets need a short path, and may outlive a test."""
-    runtime = tmp_path_factory.mktemp("runtime")
+def _session_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The session's own HOME, for session and module fixtures (a test then gets one of its own)."""
     with pytest.MonkeyPatch.context() as mp:
-        _point_state_at(mp, tmp_path_factory.mktemp("home"), runtime)
-        yield runtime
+        _point_state_at(mp, tmp_path_factory.mktemp("home"))
+        yield
 
 
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory,
-                  _runtime_dir: Path) -> None:
+                  _session_state: None) -> None:
     """No test reads the user's inventory or DDTREE_DEPLOY_* settings, or writes the user's state (a
     HOME of its own: see `_point_state_at`)."""
     for name in list(os.environ):
         if name == "DDTREE_INVENTORY" or (name.startswith("DDTREE_DEPLOY_") and name != CACHE_ENV):
             monkeypatch.delenv(name)
-    _point_state_at(monkeypatch, tmp_path_factory.mktemp("home"), _runtime_dir)
+    _point_state_at(monkeypatch, tmp_path_factory.mktemp("home"))
 
 
 @pytest.fixture

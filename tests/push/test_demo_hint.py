@@ -15,8 +15,7 @@ if TYPE_CHECKING:
 def test_the_demos_env_file_gives_a_shell_the_fleet_and_a_ddtree_deploy(fleet: Fleet) -> None:
     env_file = write_env_file(fleet.root)
     # only what a user's shell has (no inventory, no PYTHONPATH beyond the checkout the tests run)
-    env = {"PATH": "/usr/bin:/bin", "HOME": fleet.env["HOME"], "PYTHONPATH": fleet.env["PYTHONPATH"],
-           "DDTREE_DEPLOY_FORKSERVER": "0"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": fleet.env["HOME"], "PYTHONPATH": fleet.env["PYTHONPATH"]}
     shell = subprocess.run(["bash", "-c", f". {env_file} && ddtree-deploy status --json"], env=env,
                            capture_output=True, text=True, check=False)
     assert (shell.returncode, shell.stderr) == (0, ""), shell.stdout

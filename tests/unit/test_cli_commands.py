@@ -97,9 +97,8 @@ def test_a_usage_error_without_json_is_one_line_and_its_hint(cli: Cli) -> None:
 
 
 def test_the_console_script_keeps_stderr_empty_on_a_usage_error_with_json() -> None:
-    env = {**os.environ, "DDTREE_DEPLOY_FORKSERVER": "0"}
     proc = subprocess.run([sys.executable, "-c", "from ddtree_deploy.cli import main; main()", "push", "--all",
-                           "--wave-size", "x", "--json"], capture_output=True, text=True, env=env, check=False)
+                           "--wave-size", "x", "--json"], capture_output=True, text=True, check=False)
     assert (proc.returncode, proc.stderr) == (2, "")
     assert json.loads(proc.stdout)["error"]["code"] == "usage"
 
@@ -135,7 +134,7 @@ def test_version(cli: Cli) -> None:
 
 def test_shell_completion_completes_commands_and_options() -> None:
     def complete(words: str) -> list[str]:
-        env = {**os.environ, "DDTREE_DEPLOY_FORKSERVER": "0", "_DDTREE_DEPLOY_COMPLETE": "complete_bash",
+        env = {**os.environ, "_DDTREE_DEPLOY_COMPLETE": "complete_bash",
                "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)}
         proc = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli"], env=env, capture_output=True, text=True,
                               check=True)
@@ -144,5 +143,5 @@ def test_shell_completion_completes_commands_and_options() -> None:
     assert complete("ddtree-deploy pu") == ["push"]
     assert complete("ddtree-deploy push --ov") == ["--overlay", "--overlays"]
     script = subprocess.run([sys.executable, "-m", "ddtree_deploy.cli", "--show-completion", "bash"],
-                            env={**os.environ, "DDTREE_DEPLOY_FORKSERVER": "0"}, capture_output=True, text=True)
+                            capture_output=True, text=True)
     assert script.returncode == 0 and "complete -o default -F _ddtree_deploy_completion ddtree-deploy" in script.stdout
