@@ -100,7 +100,7 @@ def export_command(
 def _render_export(result: OverlayExport) -> None:
     from rich.markup import escape
 
-    out.console.print(f"{result.overlay}: {len(result.files)} files written to {escape(result.folder)}")
+    out.console.print(f"{result.overlay}: {plural(len(result.files), 'file')} written to {escape(result.folder)}")
 
 
 def _every_version(search: OverlaySearch) -> list[Overlay]:
