@@ -10,6 +10,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
+# The checks are of this checkout: a shell set up for some fleet (say `. sandbox-fleet/env.sh`) changes none.
+unset DDTREE_INVENTORY DDTREE_OVERLAYS DDTREE_AUDIT_LOG
 
 set -e
 if [ ! -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null; then
