@@ -7,22 +7,26 @@ with `output.emit` (rich for people, one `{"data": ...}` envelope with `--json`)
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
-from ddtree_deploy.commands import register
+from ddtree_deploy.commands import register, root
+from ddtree_deploy.output import Group, run_app
 
 app = typer.Typer(
     name="ddtree-deploy",
     help="Snapshot, patch, restart and roll back the installed sglang package on a fleet of GPU hosts.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    cls=Group,  # help texts as written (output.Command)
 )
+app.callback()(root)  # --version
 register(app)
 
 
 def main() -> None:
-    app()
+    sys.exit(run_app(app, sys.argv[1:]))  # run_app renders usage errors as every other error
 
 
 if __name__ == "__main__":

@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from ddtree_deploy.errors import OverlayError
+from ddtree_deploy.scratch import scratch_dir
 
 
 class Conflict(BaseModel):
@@ -36,13 +36,13 @@ def apply_patch(diff: Path, path: str, pristine: bytes) -> tuple[bytes | None, l
     if patch is None:
         raise OverlayError("GNU patch is not installed on this machine", code="patch_missing",
                            hint="install it (apt-get install patch)")
-    with tempfile.TemporaryDirectory(prefix="ddtree-patch-") as tmp:
+    with scratch_dir("patch") as tmp:
         target = Path(tmp, path)
         target.parent.mkdir(parents=True)
         target.write_bytes(pristine)
         proc = subprocess.run(
             [patch, "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch", "--reject-file=-",
-             "--quoting-style=literal", "-d", tmp, "-i", str(diff.resolve())],
+             "--quoting-style=literal", "-d", str(tmp), "-i", str(diff.resolve())],
             capture_output=True, text=True, check=False)
         if proc.returncode == 0:
             return target.read_bytes(), []

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from ddtree_deploy.errors import OverlayError
 from ddtree_deploy.overlay import PACKAGE, Overlay, semver_key
 from ddtree_deploy.patching import Conflict, apply_patch
+from ddtree_deploy.scratch import scratch_dir
 
 CACHE_ENV = "DDTREE_DEPLOY_CACHE"
 
@@ -147,7 +148,7 @@ def _check_base(overlay: Overlay, base: str, release: Path) -> BaseCheck:
 def _compile_all(files: dict[str, bytes]) -> list[str]:
     """py_compile every .py of the result; one line per file that does not compile."""
     errors = []
-    with tempfile.TemporaryDirectory(prefix="ddtree-compile-") as tmp:
+    with scratch_dir("compile") as tmp:
         for path, data in sorted(files.items()):
             if not path.endswith(".py"):
                 continue

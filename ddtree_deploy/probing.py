@@ -20,6 +20,7 @@ from ddtree_deploy.errors import ProbeError
 from ddtree_deploy.probes import LosslessProbe, ProbeSpec
 from ddtree_deploy.remote import service as remote
 from ddtree_deploy.remote.service import HttpAnswer
+from ddtree_deploy.wording import plural
 
 if TYPE_CHECKING:
     from ddtree_deploy.transport import Transport
@@ -156,7 +157,7 @@ def _run_server_info(transport: Transport, spec: Any, reference: Reference | Non
 
 
 def _run_lossless(transport: Transport, spec: Any, reference: Reference | None) -> ProbeResult:
-    name = f"lossless ({len(spec.prompts)} prompts, {spec.max_new_tokens} tokens)"
+    name = f"lossless ({plural(len(spec.prompts), 'prompt')}, {plural(spec.max_new_tokens, 'token')})"
     if reference is None:
         return ProbeResult(kind="lossless", name=name, status="skipped",
                            message="no reference was recorded (the server was not up before the change)")

@@ -41,6 +41,7 @@ from ddtree_deploy.remote.store import PruneResult, SnapshotTaken
 from ddtree_deploy.remote.transactions import ApplyResult, RestoreResult
 from ddtree_deploy.service import ServiceReport
 from ddtree_deploy.transport import Transport
+from ddtree_deploy.wording import plural
 
 #: what a step can need or give: the run's overlay (the operator's input), what preflight reads, what steps make
 Fact = Literal["overlay", "fingerprint", "host_state", "plan", "reference", "snapshot", "applied", "restored",
@@ -335,7 +336,7 @@ def snapshot(run: HostRun, args: SnapshotArgs) -> StepOutcome:
     fp = run.facts.fingerprint.model_dump(mode="json") if run.facts else None
     s = run.results.snapshot = store.snapshot(run.transport, args.reason, fp)
     run.changed = True
-    return _ok("snapshot", f"{s.id}: {s.files} files, {s.new_objects} new objects ({s.new_bytes} bytes) "
+    return _ok("snapshot", f"{s.id}: {plural(s.files, 'file')}, {plural(s.new_objects, 'new object')} ({s.new_bytes} bytes) "
                f"in {s.seconds:.2f}s")
 
 
@@ -367,7 +368,7 @@ def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     r = run.results.restored = transactions.restore(run.transport, target)
     run.overlay_live = False
     restored = locks.state(run.transport).deployed
-    message = (f"restored {r.snapshot}: {len(r.restored)} files back, {len(r.removed)} removed, "
+    message = (f"restored {r.snapshot}: {plural(len(r.restored), 'file')} back, {len(r.removed)} removed, "
                f"{r.verified} verified" + (", open journal closed" if r.closed_journal else ""))
     try:
         run.server_args = _server_args_of(restored, run)
@@ -454,7 +455,7 @@ def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
                          code="probe_failed", details={"probes": [p.model_dump() for p in probed]},
                          hint=f"see `ddtree-deploy logs --host {run.host.name}`")
     skipped = sum(1 for p in probed if p.status == "skipped")
-    return _ok("probe", f"{len(probed) - skipped} probes passed" + (f", {skipped} skipped" if skipped else ""))
+    return _ok("probe", f"{plural(len(probed) - skipped, 'probe')} passed" + (f", {skipped} skipped" if skipped else ""))
 
 
 def _probe_specs(run: HostRun, *, with_overlay: bool) -> list[ProbeSpec]:
@@ -480,12 +481,12 @@ def prune(run: HostRun, args: PruneArgs) -> StepOutcome:
     """Free the host's store: drop old snapshots and the contents only they used (never a rollback target)."""
     keep = run.options.keep_snapshots or args.keep
     p = run.results.pruned = store.prune(run.transport, keep, dry_run=run.options.dry_run)
-    what = f"{len(p.removed)} snapshots and {p.objects_removed} objects ({p.bytes_freed / 1e6:.1f} MB)"
+    what = f"{plural(len(p.removed), 'snapshot')} and {plural(p.objects_removed, 'object')} ({p.bytes_freed / 1e6:.1f} MB)"
     if run.options.dry_run:
         run.finished = "dry_run"
         return _ok("prune", f"dry run: would remove {what}; {len(p.kept)} kept")
     if not p.removed and not p.objects_removed:
-        return _noop("prune", f"nothing to remove: {len(p.kept)} snapshots kept")
+        return _noop("prune", f"nothing to remove: {plural(len(p.kept), 'snapshot')} kept")
     return _ok("prune", f"removed {what}; {len(p.kept)} kept")
 
 

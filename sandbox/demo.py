@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,25 +38,49 @@ STORY = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--root", type=Path, default=REPO / "sandbox-fleet", help="where the fleet is built")
-    parser.add_argument("--keep", action="store_true", help="leave the stand-in servers running")
+    parser.add_argument("--stop", action="store_true", help="stop the stand-in servers at the end")
     args = parser.parse_args(argv)
     started = time.monotonic()
     inventory = _fresh_fleet(args.root)
-    env = {**os.environ, "DDTREE_INVENTORY": str(inventory), "DDTREE_OVERLAYS": str(args.root / "overlays"),
-           "DDTREE_AUDIT_LOG": str(args.root / "audit.jsonl")}
+    env = {**os.environ, **fleet_env(args.root)}
     failures = [title for title, cli_args, expected in STORY if _step(title, cli_args, expected, env) != expected]
-    if not args.keep:
+    if args.stop:
         _stop_servers(env)
     console.rule()
     verdict = "[green]the story went as told[/]" if not failures else f"[red]unexpected: {failures}[/]"
-    console.print(f"{verdict} in {time.monotonic() - started:.0f}s. Fleet: {args.root}; try "
-                  f"`DDTREE_INVENTORY={inventory} DDTREE_OVERLAYS={args.root / 'overlays'} ddtree-deploy status`")
+    console.print(f"{verdict} in {time.monotonic() - started:.0f}s. Fleet: {inventory.parent}")
+    console.print(_try_it(write_env_file(args.root), stopped=args.stop), soft_wrap=True, markup=False)
     return 1 if failures else 0
+
+
+def fleet_env(root: Path) -> dict[str, str]:
+    """The demo fleet's inventory, overlays and audit log (never the user's own)."""
+    return {"DDTREE_INVENTORY": str(root / "inventory.yaml"), "DDTREE_OVERLAYS": str(root / "overlays"),
+            "DDTREE_AUDIT_LOG": str(root / "audit.jsonl")}
+
+
+def write_env_file(root: Path) -> Path:
+    """`root/env.sh`: sourced, a shell works on the demo fleet with this python's `ddtree-deploy` first on PATH."""
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in fleet_env(root).items()]
+    lines.append(f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:\"$PATH\"")
+    path = root / "env.sh"
+    path.write_text("# The demo fleet (sandbox/demo.py): `. env.sh`, then `ddtree-deploy status`.\n" + "\n".join(lines) + "\n")
+    return path
+
+
+def _try_it(env_file: Path, stopped: bool) -> str:
+    servers = "the stand-in servers are stopped: restart them first" if stopped else \
+        "the stand-in servers are still running"
+    return (f"Try it yourself ({servers}):\n"
+            f"  . {env_file}\n"
+            + ("  ddtree-deploy restart --all\n" if stopped else "")
+            + "  ddtree-deploy status\n"
+            + "  ddtree-deploy stop --all      # stops the stand-in servers")
 
 
 def _fresh_fleet(root: Path) -> Path:
     if (root / "inventory.yaml").exists():
-        _stop_servers({**os.environ, "DDTREE_INVENTORY": str(root / "inventory.yaml")})
+        _stop_servers({**os.environ, **fleet_env(root)})
     shutil.rmtree(root, ignore_errors=True)
     with console.status("building the sandbox fleet (real sglang 0.5.17 files, cu130 and cu128 torch metadata)"):
         inventory = build_fleet(root)

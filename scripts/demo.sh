@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# README command 1: install ddtree-deploy (editable) and run the sandbox demo on a local two-host fleet.
+# README command 1: install ddtree-deploy into the checkout's own venv (.venv/, see venv.sh) and run the
+# sandbox demo on a local two-host fleet from it. Arguments go to the demo (`--help` lists them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q -e . 2>&1 | grep -v -e "^WARNING: Running pip as the 'root' user" -e "^$" || true
-exec python3 -m sandbox.demo "$@"
+. scripts/venv.sh
+use_venv ""
+exec python -m sandbox.demo "$@"

@@ -6,8 +6,13 @@ its command runs is imported in the command's body, so a run imports only its ow
 
 from __future__ import annotations
 
+from importlib import metadata
+from typing import Annotated
+
 import typer
 
+from ddtree_deploy import __version__
+from ddtree_deploy import output as out
 from ddtree_deploy.commands import (
     abi,
     bench,
@@ -26,10 +31,31 @@ from ddtree_deploy.commands import (
 )
 
 
+def version() -> str:
+    """The installed distribution's version (the package's own when run from a checkout)."""
+    try:
+        return metadata.version("ddtree-deploy")
+    except metadata.PackageNotFoundError:
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddtree-deploy {version()}")
+        raise typer.Exit()
+
+
+def root(
+    show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                               help="Print the version and exit.")] = False,
+) -> None:
+    """The app's own options (`--version`); every other option belongs to a command."""
+
+
 def register(app: typer.Typer) -> None:
     """Add every command and command group to `app`."""
     for command in (status.status, push.push, rollback.rollback, restart.restart, restart.stop, play.play,
                     diff.diff, snapshots.snapshots, prune.prune, history.history, abi.abi, logs.logs, unlock.unlock,
                     bench.bench):
-        app.command(command.__name__)(command)
+        app.command(command.__name__, cls=out.Command)(command)
     app.add_typer(overlay.app, name="overlay")

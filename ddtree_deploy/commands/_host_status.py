@@ -14,6 +14,7 @@ from ddtree_deploy.abi import Fingerprint
 from ddtree_deploy.protocol import HostState
 from ddtree_deploy.remote import drift, facts, locks
 from ddtree_deploy.transport import Transport
+from ddtree_deploy.wording import moment, plural
 
 
 class HostStatus(BaseModel):
@@ -62,7 +63,7 @@ def _state_notes(state: HostState) -> list[str]:
     if state.journal:
         notes.append("open journal: an operation was interrupted; run `ddtree-deploy rollback`")
     if state.lock:
-        notes.append("lock expired" if state.lock.expired else f"locked since {state.lock.started}")
+        notes.append("lock expired" if state.lock.expired else f"locked since {moment(state.lock.started or 0)}")
     return notes
 
 
@@ -72,7 +73,7 @@ def _overlay_drift_note(transport: Transport, overlay: str) -> str | None:
     if found.clean:
         return None
     first = found.files[0]
-    return (f"{len(found.files)} of {overlay}'s {found.checked} files changed since the push "
+    return (f"{len(found.files)} of {overlay}'s {plural(found.checked, 'file')} changed since the push "
             f"({first.path} {first.kind}); `ddtree-deploy diff --host {transport.host.name}` lists them")
 
 

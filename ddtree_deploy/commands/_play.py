@@ -7,7 +7,6 @@ Ctrl-C changes nothing: a step is never cut short (see `fleet.interruptible`).
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 from ddtree_deploy import history, playbook
@@ -43,7 +42,7 @@ def run_playbook(
     `started`: transports already connecting (`fleet.connecting`), used instead of new ones.
     """
     playbook.require_inputs(book, given={"overlay"} if overlay is not None else set())
-    progress = _Progress(enabled=not as_json)
+    progress = out.StepProgress(enabled=not as_json)
     # The audit line is written inside: a Ctrl-C after the hosts finished must not lose it.
     with interruptible(None if as_json else _interrupt_notice) as cancel:
 
@@ -103,14 +102,14 @@ def render(report: FleetReport[PlaybookReport]) -> None:
                               soft_wrap=True)
             continue
         if row.result is None:
-            message = row.error.message if row.error else "no result"
-            out.console.print(f"[bold]{row.host}[/]: [red]{message}[/]")
-            if row.error and row.error.hint:
-                out.console.print(f"  [dim]hint:[/] {row.error.hint}")
+            out.print_host_error(row.host, row.error)
             continue
         r = row.result
-        out.console.print(f"[bold]{r.host}[/]: [{_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]"
-                      + (f" (failed at {r.failed_step}: {r.reason})" if r.failed_step else ""), soft_wrap=True)
+        reason = f" (failed at {r.failed_step}: {out.escape(r.reason)})" if r.failed_step else ""
+        out.console.print(f"[bold]{r.host}[/]: [{_STYLE.get(r.outcome, 'white')}]{r.outcome}[/]{reason}", soft_wrap=True)
+        failed = next((o for o in r.steps if o.status == "failed"), None)
+        if failed is not None and failed.hint:
+            out.print_hint(failed.hint)  # what to do, as `--json` says it
         out.console.print(_steps_table(r))
         _render_evidence(r)
 
@@ -124,7 +123,7 @@ def _steps_table(r: PlaybookReport) -> Table:
     for phase, outcomes in (("", r.steps), ("recovery", r.recovery)):
         for o in outcomes:
             colour = {"ok": "green", "noop": "dim", "failed": "red", "skipped": "dim"}[o.status]
-            table.add_row(phase, o.step, f"[{colour}]{o.status}[/]", f"{o.duration_s:.2f}", o.message)
+            table.add_row(phase, o.step, f"[{colour}]{o.status}[/]", f"{o.duration_s:.2f}", out.escape(o.message))
     return table
 
 
@@ -149,30 +148,3 @@ def _log_tail(r: PlaybookReport) -> list[str]:
         if o.status == "failed" and o.details.get("log_tail"):
             return list(o.details["log_tail"])
     return []
-
-
-class _Progress:
-    """A spinner on stderr naming each host's current step (silent with --json or off a terminal)."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and out.err_console.is_terminal
-        self.current: dict[str, str] = {}
-        self.lock = threading.Lock()
-        self.status: Any = None
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            self.status = out.err_console.status("starting")
-            self.status.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.status is not None:
-            self.status.__exit__(None, None, None)
-
-    def update(self, host: str, step: str) -> None:
-        if self.status is None:
-            return
-        with self.lock:
-            self.current[host] = step
-            self.status.update(" | ".join(f"{h}: {s}" for h, s in sorted(self.current.items())))

@@ -77,7 +77,8 @@ def _render(matrix: AbiMatrix) -> None:
     table = Table(title="ddtree-deploy abi", title_justify="left")
     table.add_column("field")
     for column in matrix.columns:
-        table.add_column(column.host if column.fingerprint else f"{column.host} [red](unreachable)[/]")
+        why = out.no_answer(column.error["code"]) if column.error else "no answer"
+        table.add_column(column.host if column.fingerprint else f"{column.host} [red]({escape(why)})[/]")
     for row in matrix.rows:
         style = "bold yellow" if row.differs else ""
         cells = [_cell(row.values[h]) for h in matrix.hosts]

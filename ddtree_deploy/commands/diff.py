@@ -10,6 +10,7 @@ import typer
 from ddtree_deploy import output as out
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.wording import plural
 
 if TYPE_CHECKING:
     from ddtree_deploy.remote.drift import DriftReport
@@ -51,7 +52,7 @@ def _render(report: FleetReport[DriftReport]) -> None:
 
     for row in report.hosts:
         if row.result is None:
-            out.console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
             continue
         drift = row.result
         against = f"snapshot {drift.baseline}" + (f" + {drift.overlay}" if drift.overlay else "")
@@ -61,9 +62,10 @@ def _render(report: FleetReport[DriftReport]) -> None:
         if drift.baseline is None:
             out.console.print(f"[bold]{row.host}[/]: nothing deployed yet, nothing to compare")
         elif drift.clean:
-            out.console.print(f"[bold]{row.host}[/]: [green]no drift[/] ({drift.checked} files against {against})")
+            out.console.print(f"[bold]{row.host}[/]: [green]no drift[/] ({plural(drift.checked, 'file')} against {against})")
         else:
-            table = Table(title=f"{row.host}: {len(drift.files)} files drifted from {against}", title_justify="left")
+            table = Table(title=f"{row.host}: {plural(len(drift.files), 'file')} drifted from {against}",
+                          title_justify="left")
             for column in ("path", "change", "expected", "found"):
                 table.add_column(column, overflow="fold")
             for entry in drift.files:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +13,7 @@ from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
 from ddtree_deploy.inventory import load_inventory, select_hosts
 from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import Transport
+from ddtree_deploy.wording import moment
 
 
 class HostHistory(BaseModel):
@@ -30,7 +30,7 @@ def history(
     host: out.HostOption = None,
     group: out.GroupOption = None,
     all_hosts: out.AllOption = False,
-    lines: Annotated[int, typer.Option("-n", help="Events per host, and audit lines.")] = 10,
+    lines: Annotated[int, typer.Option("-n", metavar="N", help="Events per host, and audit lines.")] = 10,
     inventory: out.InventoryOption = None,
     accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
@@ -55,7 +55,7 @@ def _render(report: HistoryReport) -> None:
     for row in report.hosts.hosts:
         out.console.rule(f"[bold]{row.host}")
         if row.result is None:
-            out.console.print(f"[red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
             continue
         for event in row.result.events or [{"op": "(no history yet)"}]:
             out.console.print(_event_line(event), soft_wrap=True)
@@ -72,4 +72,4 @@ def _event_line(event: dict[str, Any]) -> str:
 
 
 def _when(ts: Any) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if isinstance(ts, (int, float)) else "-"
+    return moment(ts) if isinstance(ts, (int, float)) else "-"

@@ -21,9 +21,9 @@ def logs(
     host: out.HostOption = None,
     group: out.GroupOption = None,
     all_hosts: out.AllOption = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="How many of the last lines to show.")] = 40,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, metavar="N", help="How many of the last lines to show.")] = 40,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
-    interval: Annotated[float, typer.Option("--interval", min=0.1, help="Seconds between reads with --follow.")] = 1.0,
+    interval: Annotated[float, typer.Option("--interval", min=0.1, metavar="SECONDS", help="Seconds between reads with --follow.")] = 1.0,
     inventory: out.InventoryOption = None,
     accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
@@ -53,7 +53,7 @@ def _render(report: FleetReport[LogChunk]) -> None:
     prefix = len(report.hosts) > 1
     for row in report.hosts:
         if row.result is None:
-            out.console.print(f"{row.host}: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
         else:
             _print_lines(row.host, row.result.text.splitlines(), prefix)
 

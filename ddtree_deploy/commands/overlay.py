@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ddtree_deploy import output as out
+from ddtree_deploy.wording import plural
 
 if TYPE_CHECKING:  # the command bodies import what they use: the CLI's start stays cheap
     from ddtree_deploy.catalog import OverlayList, OverlaySearch
@@ -21,15 +22,16 @@ if TYPE_CHECKING:  # the command bodies import what they use: the CLI's start st
     from ddtree_deploy.pristine import OverlayCheckReport
 
 app = typer.Typer(help="Overlays: list them; check their patches against pristine sglang releases; export one.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, cls=out.Group)
 
 OverlaysOption = Annotated[
     str | None,
-    typer.Option("--overlays", help="Folder of overlays, searched before $DDTREE_OVERLAYS, ./overlays and the built-ins."),
+    typer.Option("--overlays", metavar="DIR",
+                 help="Folder of overlays, searched before $DDTREE_OVERLAYS, ./overlays and the built-ins."),
 ]
 
 
-@app.command("list")
+@app.command("list", cls=out.Command)
 def list_command(overlays: OverlaysOption = None, as_json: out.JsonOption = False) -> None:
     """Show every overlay version: its parent, where it came from, supported sglang releases, files, patches,
     artifacts, description.
@@ -45,13 +47,13 @@ def list_command(overlays: OverlaysOption = None, as_json: out.JsonOption = Fals
     out.emit(result, as_json=as_json, human=_render_list, code=out.ExitCode.BAD_INPUT if broken else out.ExitCode.OK)
 
 
-@app.command("check")
+@app.command("check", cls=out.Command)
 def check_command(
-    spec: Annotated[str | None, typer.Argument(metavar="[NAME[@VERSION]]",
+    spec: Annotated[str | None, typer.Argument(metavar="NAME[@VERSION]",
                                                help="Overlay to check (default: every version of every overlay).")]
     = None,
     base: Annotated[list[str] | None, typer.Option(
-        "--base", help="sglang release to check against (repeatable; default: the overlay's bases). "
+        "--base", metavar="VERSION", help="sglang release to check against (repeatable; default: the overlay's bases). "
                        "A release the overlay does not support yet gets its newest patch set (a rebase check).")]
     = None,
     overlays: OverlaysOption = None,
@@ -74,7 +76,7 @@ def check_command(
     out.emit(report, as_json=as_json, human=_render_check, code=out.ExitCode.OK if report.ok else out.ExitCode.FAILED)
 
 
-@app.command("export")
+@app.command("export", cls=out.Command)
 def export_command(
     spec: Annotated[str, typer.Argument(metavar="NAME[@VERSION]", help="Overlay version (default: the newest).")],
     folder: Annotated[Path, typer.Argument(help="New (or empty) folder to write the version into.")],
@@ -98,7 +100,7 @@ def export_command(
 def _render_export(result: OverlayExport) -> None:
     from rich.markup import escape
 
-    out.console.print(f"{result.overlay}: {len(result.files)} files written to {escape(result.folder)}")
+    out.console.print(f"{result.overlay}: {plural(len(result.files), 'file')} written to {escape(result.folder)}")
 
 
 def _every_version(search: OverlaySearch) -> list[Overlay]:
@@ -138,7 +140,8 @@ def _render_check(report: OverlayCheckReport) -> None:
             source = f" (patches from {base.patches_from})" if base.patches_from != base.base else ""
             head = f"{check.overlay}@{check.version} on sglang {base.base}{source}"
             if base.ok:
-                out.console.print(f"[green]ok[/] {head}: {len(base.patched)} patches applied, {base.compiled} files compile")
+                out.console.print(f"[green]ok[/] {head}: {plural(len(base.patched), 'patch')} applied, "
+                                  f"{plural(base.compiled, 'file')} compile")
             else:
                 out.console.print(f"[red]FAILED[/] {head}")
             for conflict in base.conflicts:

@@ -14,16 +14,18 @@ from ddtree_deploy.inventory import load_inventory, select_hosts
 
 
 def play(
-    file: Annotated[str, typer.Argument(help="Playbook YAML, or the name of a built-in (push, rollback, restart).")],
+    file: Annotated[str, typer.Argument(metavar="FILE", help="Playbook YAML, or the name of a built-in (push, rollback, restart).")],
     host: out.HostOption = None,
     group: out.GroupOption = None,
     all_hosts: out.AllOption = False,
-    overlay: Annotated[str | None, typer.Option("--overlay", "-o", help="NAME[@VERSION] for plan/apply.")] = None,
+    overlay: Annotated[str | None, typer.Option("--overlay", "-o", metavar="NAME[@VERSION]",
+                                                help="Overlay for plan and apply steps.")] = None,
     overlays: OverlaysDirOption = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
-    force: Annotated[bool, typer.Option("--force")] = False,
-    no_rollback: Annotated[bool, typer.Option("--no-rollback")] = False,
-    to: Annotated[str | None, typer.Option("--to", help="Snapshot id for restore steps.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Stop after the plan; change nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Apply over drifted files.")] = False,
+    no_rollback: Annotated[bool, typer.Option("--no-rollback", help="Skip on_failure: leave the host as it failed.")]
+    = False,
+    to: Annotated[str | None, typer.Option("--to", metavar="SNAPSHOT", help="Snapshot id for restore steps.")] = None,
     inventory: out.InventoryOption = None,
     accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,

@@ -14,7 +14,7 @@ def prune(
     host: out.HostOption = None,
     group: out.GroupOption = None,
     all_hosts: out.AllOption = False,
-    keep: Annotated[int, typer.Option("--keep", min=1, help="Newest snapshots to keep.")] = 5,
+    keep: Annotated[int, typer.Option("--keep", min=1, metavar="N", help="Newest snapshots to keep.")] = 5,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would go; remove nothing.")] = False,
     inventory: out.InventoryOption = None,
     accept_new_host_key: out.AcceptNewHostKeyOption = False,

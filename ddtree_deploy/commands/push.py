@@ -10,9 +10,11 @@ from ddtree_deploy import output as out
 from ddtree_deploy.commands._builtin import play_builtin
 from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount
 
-OverlayOption = Annotated[str, typer.Option("--overlay", "-o", help="NAME[@VERSION]; default: newest version.")]
+OverlayOption = Annotated[str, typer.Option("--overlay", "-o", metavar="NAME[@VERSION]",
+                                                     help="Overlay to push (without @VERSION: its newest).")]
 OverlaysDirOption = Annotated[
-    str | None, typer.Option("--overlays", help="Overlays folder, searched before $DDTREE_OVERLAYS, ./overlays, the built-ins.")
+    str | None, typer.Option("--overlays", metavar="DIR",
+                               help="Overlays folder, searched before $DDTREE_OVERLAYS, ./overlays, the built-ins.")
 ]
 WaveOption = Annotated[Amount, typer.Option(
     "--wave-size", parser=Amount.parse, metavar="N|N%",

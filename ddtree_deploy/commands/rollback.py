@@ -15,7 +15,7 @@ def rollback(
     host: out.HostOption = None,
     group: out.GroupOption = None,
     all_hosts: out.AllOption = False,
-    to: Annotated[str | None, typer.Option("--to", help="Snapshot id (default: the one the overlay sits on).")] = None,
+    to: Annotated[str | None, typer.Option("--to", metavar="SNAPSHOT", help="Snapshot id (default: the one the overlay sits on).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Restore across a changed torch/CUDA/python.")] = False,
     overlays: OverlaysDirOption = None,
     inventory: out.InventoryOption = None,

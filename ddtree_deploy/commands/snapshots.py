@@ -40,7 +40,7 @@ def _render(report: FleetReport[HostSnapshots]) -> None:
 
     for row in report.hosts:
         if row.result is None:
-            out.console.print(f"[bold]{row.host}[/]: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
             continue
         result = row.result
         table = Table(title=f"{row.host}: deployed {result.deployed or 'nothing'}", title_justify="left")

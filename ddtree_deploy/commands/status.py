@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ddtree_deploy import output as out
@@ -33,7 +34,8 @@ def status(
             from ddtree_deploy.commands._host_status import host_status  # imported while the hosts connect
 
             report = fan_out(inv, hosts, "status", host_status, options, started)
-    out.emit(report, as_json=as_json, human=_render, code=status_exit_code(report))
+    pythons = {h.name: h.python for h in hosts}
+    out.emit(report, as_json=as_json, human=partial(render, pythons=pythons), code=status_exit_code(report))
 
 
 def status_exit_code(report: FleetReport[HostStatus]) -> out.ExitCode:
@@ -42,7 +44,9 @@ def status_exit_code(report: FleetReport[HostStatus]) -> out.ExitCode:
     return out.ExitCode.FAILED if report.failed else out.ExitCode.OK
 
 
-def _render(report: FleetReport[HostStatus]) -> None:
+def render(report: FleetReport[HostStatus], pythons: dict[str, str] | None = None) -> None:
+    """The status table; a host without an answer says why in its server column (`out.no_answer`)."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="ddtree-deploy status", title_justify="left")
@@ -50,8 +54,11 @@ def _render(report: FleetReport[HostStatus]) -> None:
         table.add_column(column, overflow="fold")
     for row in report.hosts:
         if row.result is None:
-            message = row.error.message if row.error else "skipped"
-            table.add_row(row.host, "", "", "", "", "", "[red]unreachable[/]", f"[red]{message}[/]")
+            code, message, hint = (row.error.code, row.error.message, row.error.hint) if row.error else \
+                ("skipped", "skipped", "")
+            why = out.no_answer(code, (pythons or {}).get(row.host, "its python"))
+            notes = escape(message.removeprefix(f"{row.host}: ")) + (f"\n[dim]hint: {escape(hint)}[/]" if hint else "")
+            table.add_row(row.host, "", "", "", "", "", f"[red]{escape(why)}[/]", f"[red]{notes}[/]")
             continue
         s = row.result
         server = f"[green]{s.server}[/]" if s.server.startswith("healthy") else s.server

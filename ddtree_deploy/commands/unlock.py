@@ -42,7 +42,7 @@ def unlock(
 def _render(report: FleetReport[Unlocked]) -> None:
     for row in report.hosts:
         if row.result is None:
-            out.console.print(f"{row.host}: [red]{row.error.message if row.error else 'skipped'}[/]")
+            out.print_host_error(row.host, row.error)
         elif row.result.released:
             out.console.print(f"{row.host}: released the lock of {row.result.released.owner}")
         else:

@@ -38,9 +38,10 @@ def os_failure(exc: OSError, what: str) -> HelperFailure:
         code, hint = "read_only", "make the folder writable for the deploying user and retry"
     else:
         code, hint = "os_error", "check the host's file system"
+    where = "%s: " % exc.filename if exc.filename else ""
     return HelperFailure(
         code,
-        "%s failed, nothing was changed: %s: %s" % (what, exc.filename or "", exc.strerror),
+        "%s failed, nothing was changed: %s%s" % (what, where, exc.strerror or exc),
         hint,
         errno=exc.errno,
     )
@@ -101,9 +102,16 @@ def staged_file(folder: str, mode: int, fill: Callable[[IO[bytes]], T], durable:
                 os.fsync(out.fileno())
         os.chmod(tmp, mode)
         return tmp, filled
-    except BaseException:
+    except BaseException as exc:
         os.unlink(tmp)
+        name_the_folder(exc, folder)
         raise
+
+
+def name_the_folder(exc: BaseException, folder: str) -> None:
+    """A failed write or fsync names no file (ENOSPC from write(2) has none): say where it was writing."""
+    if isinstance(exc, OSError) and not exc.filename:
+        exc.filename = folder
 
 
 def staged_bytes(data: bytes, folder: str, mode: int) -> str:

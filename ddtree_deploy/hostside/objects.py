@@ -27,7 +27,16 @@ import re
 import tempfile
 from typing import IO, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-from .common import TEMP_PREFIX, Context, HelperFailure, atomic_write, fsync_dir, remove_quietly, staged_file
+from .common import (
+    TEMP_PREFIX,
+    Context,
+    HelperFailure,
+    atomic_write,
+    fsync_dir,
+    name_the_folder,
+    remove_quietly,
+    staged_file,
+)
 
 #: a batch with at least this many new objects becomes one pack (git's unpack limit is 100)
 PACK_MIN = 64
@@ -262,7 +271,11 @@ class PackWriter:
     def add(self, item: Incoming) -> None:
         if item.sha in self.index:
             return  # identical files share one object
-        size = item.pour(self.out)
+        try:
+            size = item.pour(self.out)
+        except OSError as exc:
+            name_the_folder(exc, self.store.pack_dir)
+            raise
         self.index[item.sha] = [self.size, size]
         self.size += size
         if self.size - self.written_back >= WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
@@ -293,9 +306,10 @@ class PackWriter:
             os.replace(self.tmp, pack)
             placed.append(pack)
             fsync_dir(self.store.pack_dir)
-        except BaseException:
+        except BaseException as exc:
             Added(paths=placed).undo()
             self.abort()
+            name_the_folder(exc, self.store.pack_dir)
             raise
         self.store.forget_packs()
         return Added(len(self.index), self.size, [index_path, pack])

@@ -82,7 +82,7 @@ def test_a_failed_push_rolls_back_bit_exact_and_healthy(fleet: Fleet, overlay: s
         assert "unrecognized arguments: --speculative-ddtree-budget" in json.dumps(failed), failed
     if overlay == "lossy":  # the rolled-back server answers the overlay's own prompt as before the push
         probes = result["summary"]["probes"]
-        own = [p for p in probes if p["name"] == "lossless (1 prompts, 32 tokens)"]  # the inventory's has 3
+        own = [p for p in probes if p["name"] == "lossless (1 prompt, 32 tokens)"]  # the inventory's has 3
         assert [p["status"] for p in own] == ["pass"], [(p["name"], p["status"]) for p in probes]
     code, status = fleet.json("status")
     assert code == 0 and host_row(status)["result"]["server"].startswith("healthy")

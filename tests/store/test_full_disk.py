@@ -109,3 +109,23 @@ def test_apply_with_a_full_state_disk_changes_nothing(
             transactions.apply(ctx, the_plan.helper_args(snap))
         assert err.value.code == "disk_full"
         assert host_snapshot(site, disk) == before
+
+
+def test_a_full_disk_is_reported_with_the_folder_it_filled(
+        pristine: Path, tmp_path: Path, mini: Callable[[str], Overlay], site: Path) -> None:
+    """ENOSPC from write(2) names no file; the message names the folder being written instead of ': : '."""
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        small = build_small_site(pristine, disk / "site")
+        ctx = make_ctx(small, tmp_path / "state")
+        the_plan = plan_in_process(ctx, mini("0.1.0"))
+        snap = store.snapshot(ctx, {"reason": "pre-push"})["id"]
+        fill(disk, 32 * 1024)
+        with pytest.raises(HelperFailure) as applied:
+            transactions.apply(ctx, the_plan.helper_args(snap))
+    with tmpfs(tmp_path / "statedisk", "256k") as state:
+        with pytest.raises(HelperFailure) as snapped:
+            store.snapshot(make_ctx(site, state), {"reason": "r"})
+    for err, folder in ((applied, small), (snapped, state)):
+        assert err.value.code == "disk_full"
+        assert ": : " not in err.value.message and f": {folder}/" in err.value.message, err.value.message
+        assert err.value.message.endswith(": No space left on device")
