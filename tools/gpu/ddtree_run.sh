@@ -18,7 +18,8 @@
 # gets its ddtree_debug lines summarised (hybrid_debug_summary.py); *_fault cases run on
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
 # deduplicated conv-window layout left on). An overlay version that inherits is materialised
-# first (materialise_overlay.sh). HYB_CLIENT_MODE=greedy runs only the greedy prompts.
+# first (materialise_overlay.sh). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
+# default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -30,6 +31,7 @@ export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_
 BUDGET=${BUDGET:-570}
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
+if [ -f "$G/triton_cache.tar.gz" ] && [ ! -d /tmp/jitcache/triton ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/triton_cache.tar.gz" -C /tmp/jitcache; fi
 V=${DDTREE_VERSION:-0.2.2}; bash tools/gpu/materialise_overlay.sh overlays/ddtree "$V" /tmp/ov/ddtree >/dev/null || exit 1
 if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "/tmp/ov/ddtree/$V" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
 if [[ " ${CASES[*]} " == *_fault\ * ]] && [ ! -f /tmp/site_fault/.done ]; then rm -rf /tmp/site_fault && cp -a /tmp/site /tmp/site_fault && SKIP_PATCHES=sglang/srt/mem_cache/memory_pool.py.diff bash tools/gpu/apply_overlay.sh "/tmp/ov/ddtree/$V" /tmp/site_fault && touch /tmp/site_fault/.done || { echo "fault overlay apply failed"; exit 1; }; fi
@@ -112,7 +114,7 @@ for c in "${CASES[@]}"; do
   fi
   if [ "${READY[$c]:-}" = yes ]; then
     client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; esac
-    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-} || echo "[$(el)s] $c: client FAILED"; pack
+    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
     case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
   else
     echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$O/$c.log" | tail -n 25 | cut -c1-300
