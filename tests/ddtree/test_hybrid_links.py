@@ -12,19 +12,12 @@ from types import ModuleType
 import pytest
 import torch
 
-from tests.ddtree.conftest import load_by_path
-from tests.ddtree.test_hybrid_rules import resolved_file
-
-
-@pytest.fixture(scope="module")
-def dd() -> ModuleType:
-    """The ddtree_utils.py that 0.3.0 ships (inherited)."""
-    return load_by_path("ddtree_utils_030", resolved_file("0.3.0", "sglang/srt/speculative/ddtree_utils.py"))
+from tests.ddtree.test_hybrid_rules import hybrid_module
 
 
 @pytest.fixture(scope="module")
 def hybrid() -> ModuleType:
-    return load_by_path("ddtree_hybrid_030", resolved_file("0.3.0", "sglang/srt/speculative/ddtree_hybrid.py"))
+    return hybrid_module()
 
 
 def kernel_parents(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:

@@ -6,29 +6,25 @@ SSM state; conv channels 2 x 16 x 128 + 48 x 128 = 10240, kernel 4, bf16)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.ddtree.conftest import OVERLAY, load_by_path
+from ddtree_deploy.catalog import load_overlay
+from tests.ddtree.conftest import OVERLAYS, load_by_path
 
 MIB, GIB = 1 << 20, 1 << 30
 
 
-def resolved_file(version: str, relative: str) -> Path:
-    """The file a version ships: its own, else its parent's (``inherits:``), and so on."""
-    folder = OVERLAY / version
-    while not (folder / "files" / relative).is_file():
-        found = re.search(r'^inherits:\s*"?([^"\s]+)"?', (folder / "overlay.yaml").read_text(), re.M)
-        assert found, f"{relative} is in no version of {version}'s chain"
-        folder = OVERLAY / found.group(1)
-    return folder / "files" / relative
+def hybrid_module() -> ModuleType:
+    """0.3.0's ddtree_hybrid.py (torch only)."""
+    path = load_overlay("ddtree@0.3.0", OVERLAYS).source_of("sglang/srt/speculative/ddtree_hybrid.py", None)
+    return load_by_path("ddtree_hybrid_030", path)
 
 
 @pytest.fixture(scope="module")
 def hybrid() -> ModuleType:
-    return load_by_path("ddtree_hybrid_030", resolved_file("0.3.0", "sglang/srt/speculative/ddtree_hybrid.py"))
+    return hybrid_module()
 
 
 def refusal(hybrid: ModuleType, **changes: object) -> str | None:

@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 from transformers.models.qwen3_next import modeling_qwen3_next as hf
 
-from tests.ddtree.conftest import load_by_path
 from tests.ddtree.test_hybrid_links import kernel_parents, trees
-from tests.ddtree.test_hybrid_rules import resolved_file
+from tests.ddtree.test_hybrid_rules import hybrid_module
 
 H, HV, DK, DV, KW = 2, 4, 8, 8, 4  # key heads, value heads, head dims, conv kernel
 DIM = 2 * H * DK + HV * DV
@@ -29,12 +28,7 @@ DIM = 2 * H * DK + HV * DV
 
 @pytest.fixture(scope="module")
 def hybrid() -> ModuleType:
-    return load_by_path("ddtree_hybrid_030", resolved_file("0.3.0", "sglang/srt/speculative/ddtree_hybrid.py"))
-
-
-@pytest.fixture(scope="module")
-def dd() -> ModuleType:
-    return load_by_path("ddtree_utils_030", resolved_file("0.3.0", "sglang/srt/speculative/ddtree_utils.py"))
+    return hybrid_module()
 
 
 def gdn_layer(seed: int) -> SimpleNamespace:

@@ -17,8 +17,7 @@
 # hybrid_client.py; a case whose name ends in _dbg runs eager with --speculative-ddtree-debug and
 # gets its ddtree_debug lines summarised (hybrid_debug_summary.py); *_fault cases run on
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
-# deduplicated conv-window layout left on). An overlay version that inherits is materialised
-# first (materialise_overlay.sh). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
+# deduplicated conv-window layout left on). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
 # default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
 set -u
 CASES=("$@")
@@ -32,9 +31,9 @@ BUDGET=${BUDGET:-570}
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
 if [ -f "$G/triton_cache.tar.gz" ] && [ ! -d /tmp/jitcache/triton ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/triton_cache.tar.gz" -C /tmp/jitcache; fi
-V=${DDTREE_VERSION:-0.2.2}; bash tools/gpu/materialise_overlay.sh overlays/ddtree "$V" /tmp/ov/ddtree >/dev/null || exit 1
-if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "/tmp/ov/ddtree/$V" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
-if [[ " ${CASES[*]} " == *_fault\ * ]] && [ ! -f /tmp/site_fault/.done ]; then rm -rf /tmp/site_fault && cp -a /tmp/site /tmp/site_fault && SKIP_PATCHES=sglang/srt/mem_cache/memory_pool.py.diff bash tools/gpu/apply_overlay.sh "/tmp/ov/ddtree/$V" /tmp/site_fault && touch /tmp/site_fault/.done || { echo "fault overlay apply failed"; exit 1; }; fi
+V=overlays/ddtree/${DDTREE_VERSION:-0.2.2}
+if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "$V" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
+if [[ " ${CASES[*]} " == *_fault\ * ]] && [ ! -f /tmp/site_fault/.done ]; then rm -rf /tmp/site_fault && cp -a /tmp/site /tmp/site_fault && SKIP_PATCHES=sglang/srt/mem_cache/memory_pool.py.diff bash tools/gpu/apply_overlay.sh "$V" /tmp/site_fault && touch /tmp/site_fault/.done || { echo "fault overlay apply failed"; exit 1; }; fi
 echo "[$(el)s] sites ready"
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 [ -d /tmp/models/hybrid ] || PYTHONPATH=/tmp/site python3 -c "
