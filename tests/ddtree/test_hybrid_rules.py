@@ -6,20 +6,29 @@ SSM state; conv channels 2 x 16 x 128 + 48 x 128 = 10240, kernel 4, bf16)."""
 from __future__ import annotations
 
 import re
+import sys
 from types import ModuleType
 
 import pytest
 
 from ddtree_deploy.catalog import load_overlay
-from tests.ddtree.conftest import OVERLAYS, load_by_path
+from tests.ddtree.conftest import OVERLAYS
 
 MIB, GIB = 1 << 20, 1 << 30
+HYBRID = "sglang/srt/speculative/ddtree_hybrid.py"
 
 
 def hybrid_module() -> ModuleType:
-    """0.3.0's ddtree_hybrid.py (torch only)."""
-    path = load_overlay("ddtree@0.3.0", OVERLAYS).source_of("sglang/srt/speculative/ddtree_hybrid.py", None)
-    return load_by_path("ddtree_hybrid_030", path)
+    """0.3.0's ddtree_hybrid.py (torch only), as the version lands it; registered in sys.modules
+    first (dataclasses need it)."""
+    name = "ddtree_hybrid_030"
+    if name not in sys.modules:
+        overlay = load_overlay("ddtree@0.3.0", OVERLAYS)
+        module = ModuleType(name)
+        module.__file__ = f"{overlay.label}:{HYBRID}"
+        sys.modules[name] = module
+        exec(compile(overlay.content_of(HYBRID, None), module.__file__, "exec"), module.__dict__)
+    return sys.modules[name]
 
 
 @pytest.fixture(scope="module")
