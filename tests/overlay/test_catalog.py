@@ -81,4 +81,4 @@ def test_the_built_ins_are_the_repositorys_overlays_from_a_checkout(tmp_path: Pa
     assert builtin_dir("overlays").resolve() == REPO / "overlays"
     assert builtin_dir("playbooks").resolve() == REPO / "playbooks"
     assert [f.origin for f in overlays_path(None).folders] == ["built-in"]
-    assert load_overlay("ddtree").label == "ddtree@0.2.2"
+    assert load_overlay("ddtree").label == "ddtree@0.3.0"

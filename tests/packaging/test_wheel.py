@@ -92,14 +92,14 @@ def test_from_outside_the_checkout_it_lists_pushes_and_rolls_back(venv: Path, ou
     (builtin,) = listed["data"]["folders"]
     assert builtin["origin"] == "built-in" and Path(builtin["path"]).is_relative_to(venv)
     chain = {row["version"]: row["inherits"] for row in listed["data"]["overlays"] if row["name"] == "ddtree"}
-    assert chain == {"0.1.0": None, "0.2.0": "0.1.0", "0.2.1": "0.2.0", "0.2.2": "0.2.1"}
+    assert chain == {"0.1.0": None, "0.2.0": "0.1.0", "0.2.1": "0.2.0", "0.2.2": "0.2.1", "0.3.0": "0.2.2"}
 
     fleet = Fleet(root=outside, inventory=host_fleet, overlays=outside, env={})
     package_root = fleet.package_root
     assert tool(venv, outside, "restart", "--all", inventory=host_fleet)[0] == 0
     try:
         before = fleet.package_digest()
-        code, pushed = tool(venv, outside, "push", "--host", "ct200", inventory=host_fleet)
+        code, pushed = tool(venv, outside, "push", "--host", "ct200", "--overlay", "ddtree@0.2.2", inventory=host_fleet)
         (row,) = pushed["data"]["hosts"]
         assert code == 0 and row["result"]["outcome"] == "ok", row
         landed = json.loads((REPO / "tests/overlay/plan_digests.json").read_text())["overlays/ddtree@0.2.2"]["files"]

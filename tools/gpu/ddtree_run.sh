@@ -12,6 +12,13 @@
 # copy_plain_fa3 copy_ddtree64_fa3); such a case is compared with the plain case of the same backend.
 # A case suffixed _auto passes no --attention-backend (the server's own choice) and is compared with
 # the triton plain case. refuse_fa3 is a DDTREE server asked for fa3 (0.2.2 must refuse it).
+# Hybrid (GatedDeltaNet) cases hyb_allexp_* and hyb_copy_* run on make_hybrid.py's targets with
+# --max-running-requests 8, are compared with hyb_allexp_plain / hyb_copy_plain, and are driven by
+# hybrid_client.py; a case whose name ends in _dbg runs eager with --speculative-ddtree-debug and
+# gets its ddtree_debug lines summarised (hybrid_debug_summary.py); *_fault cases run on
+# /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
+# deduplicated conv-window layout left on). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
+# default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -23,13 +30,17 @@ export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_
 BUDGET=${BUDGET:-570}
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
-if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "overlays/ddtree/${DDTREE_VERSION:-0.2.2}" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
+if [ -f "$G/triton_cache.tar.gz" ] && [ ! -d /tmp/jitcache/triton ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/triton_cache.tar.gz" -C /tmp/jitcache; fi
+V=overlays/ddtree/${DDTREE_VERSION:-0.2.2}
+if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "$V" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
+if [[ " ${CASES[*]} " == *_fault\ * ]] && [ ! -f /tmp/site_fault/.done ]; then rm -rf /tmp/site_fault && cp -a /tmp/site /tmp/site_fault && SKIP_PATCHES=sglang/srt/mem_cache/memory_pool.py.diff bash tools/gpu/apply_overlay.sh "$V" /tmp/site_fault && touch /tmp/site_fault/.done || { echo "fault overlay apply failed"; exit 1; }; fi
 echo "[$(el)s] sites ready"
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 [ -d /tmp/models/hybrid ] || PYTHONPATH=/tmp/site python3 -c "
 from transformers import Qwen3NextConfig; import shutil
 Qwen3NextConfig(num_hidden_layers=4, hidden_size=256, vocab_size=1024, architectures=['Qwen3NextForCausalLM']).save_pretrained('/tmp/models/hybrid')
 [shutil.copy('/tmp/models/target/'+f, '/tmp/models/hybrid/') for f in ('tokenizer.json','tokenizer_config.json')]"
+[[ " ${CASES[*]} " != *\ hyb_* ]] || [ -d /tmp/models/hyb_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_hybrid.py" /tmp/models 2>&1 | grep -v shards
 echo "[$(el)s] models ready"
 
 M=/tmp/models; DD="--speculative-algorithm DDTREE --speculative-ddtree-budget"
@@ -48,6 +59,23 @@ declare -A CASE=(
   [refuse]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy"
   [refuse_budget]="--model-path $M/target_copy $DD 3 --speculative-draft-model-path $M/dflash_copy"
 )
+HYB="--max-running-requests 8"; DBG="--speculative-ddtree-debug --disable-cuda-graph"
+for t in allexp copy; do
+  d=$M/dflash_draft; [ $t = copy ] && d=$M/dflash_copy
+  CASE[hyb_${t}_plain]="--model-path $M/hyb_$t $HYB"
+  CASE[hyb_${t}_dflash]="--model-path $M/hyb_$t $HYB --speculative-algorithm DFLASH --speculative-draft-model-path $d"
+  for b in 16 64; do CASE[hyb_${t}_ddtree$b]="--model-path $M/hyb_$t $HYB $DD $b --speculative-draft-model-path $d"; done
+  CASE[hyb_${t}_ddtree64_dbg]="--model-path $M/hyb_$t $HYB $DD 64 --speculative-draft-model-path $d $DBG"
+  CASE[hyb_${t}_ddtree64_dbg_fault]="${CASE[hyb_${t}_ddtree64_dbg]}"
+done
+# Hybrid refusals: no --max-running-requests; the lazy track strategy; an interval below the
+# block size (8); per-node states larger than a tiny static pool.
+HR="--model-path $M/hyb_copy --speculative-draft-model-path $M/dflash_copy $DD 64"
+CASE[refuse_hyb_maxreq]="$HR"
+CASE[refuse_hyb_lazy]="$HR $HYB --mamba-radix-cache-strategy extra_buffer_lazy"
+CASE[refuse_hyb_track]="$HR $HYB --mamba-track-interval 4"
+CASE[refuse_hyb_memory]="$HR $HYB"
+declare -A EXTRA=([refuse_hyb_memory]="--mem-fraction-static 0.0004")  # after COMMON, so it wins
 COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
 suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; *_auto) echo _auto;; esac; }
 backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; _auto) ;; *) echo triton;; esac; }
@@ -55,11 +83,11 @@ declare -A PORT PID
 i=0
 for c in "${CASES[@]}"; do
   PORT[$c]=$((30000 + i)); i=$((i + 1))
-  site=/tmp/site; case $c in *ddtree*|refuse_*) site=/tmp/site_dd;; esac
+  site=/tmp/site; case $c in *_fault) site=/tmp/site_fault;; *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
   base=${c%$(suffix_of "$c")}
   be=$(backend_of "$c")
-  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} > "$O/$c.log" 2>&1 &
+  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} ${EXTRA[$c]:-} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
 if [ "${TREE_BENCH:-0}" = 1 ]; then
@@ -76,7 +104,7 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   done
   [ $pending = 0 ] && break; sleep 3
 done
-ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
+ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 for c in "${CASES[@]}"; do
   case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
@@ -84,13 +112,16 @@ for c in "${CASES[@]}"; do
     for d in "${CASES[@]}"; do [[ $(ref_of "$d") = plain* ]] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
   fi
   if [ "${READY[$c]:-}" = yes ]; then
-    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 tools/gpu/ddtree_client.py ${PORT[$c]} "$O/$c.json" || echo "[$(el)s] $c: client FAILED"; pack
+    client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; esac
+    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
+    case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
   else
     echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$O/$c.log" | tail -n 25 | cut -c1-300
   fi
   ref=$(ref_of "$c")
   [ "$c" = "$ref" ] || [ ! -f "$O/$c.json" ] || [ ! -f "$O/$ref.json" ] && continue
-  PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"; pack
+  PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
+  case $c in hyb_*) python3 tools/gpu/hybrid_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" | tee -a "$O/compare.txt";; esac; pack
 done
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
