@@ -12,10 +12,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from packaging.version import Version
 from pydantic import BaseModel, Field
 
 from ddtree_deploy.errors import OverlayError
-from ddtree_deploy.overlay import Overlay, read_overlay, versions_in
+from ddtree_deploy.overlay import Overlay, read_overlay, semver_key, versions_in
 from ddtree_deploy.resources import builtin_dir
 
 OVERLAYS_ENV = "DDTREE_OVERLAYS"
@@ -83,7 +84,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 
 
 def load_overlay(spec: str, overlays: OverlaySearch | Path | None = None) -> Overlay:
-    """Load `name@version`, or the newest version of `name` by semver, resolved through its parents.
+    """Load `name@version`, or `name`'s default version (`default_version`), resolved through its parents.
 
     Raises:
         OverlayError: unknown name or version (listing the known ones), or anything `read_overlay`
@@ -99,11 +100,23 @@ def load_overlay(spec: str, overlays: OverlaySearch | Path | None = None) -> Ove
     folder = known[name].path / name
     versions = versions_in(folder)
     if version is None:
-        version = versions[-1]
+        version = default_version(versions)
     elif version not in versions:
         raise OverlayError(f"no version {version} of overlay {name} in {folder.parent}", code="unknown_overlay",
                            hint=f"known versions: {', '.join(versions)}")
     return read_overlay(folder / version)
+
+
+def default_version(versions: list[str]) -> str:
+    """What a bare `name` means: the newest release, as pip picks one; a pre-release (`0.3.0-rc.1`, a
+    version not yet proven where it runs) only when it is named, or when no release exists."""
+    releases = [v for v in versions if not _prerelease(v)]
+    return (releases or versions)[-1]
+
+
+def _prerelease(version: str) -> bool:
+    key = semver_key(version)[1]
+    return isinstance(key, Version) and key.is_prerelease
 
 
 class OverlayListing(BaseModel):
@@ -120,6 +133,7 @@ class OverlayListing(BaseModel):
     patches: int = 0
     holds: int = Field(default=0, description="files in its own folder (what it changes from its parent)")
     artifacts: list[str] = Field(default_factory=list)
+    default: bool = Field(default=False, description="what a push of the bare name takes (the newest release)")
     error: str | None = None
 
 
@@ -127,19 +141,21 @@ def list_overlays(overlays: OverlaySearch | Path | None = None) -> list[OverlayL
     """Every overlay version the search provides, by name then semver; an invalid one carries its error."""
     rows = []
     for name, folder in sorted(_search(overlays).names().items()):
-        for version in versions_in(folder.path / name):
+        versions = versions_in(folder.path / name)
+        for version in versions:
+            is_default = version == default_version(versions)
             try:
                 overlay = read_overlay(folder.path / name / version)
             except OverlayError as exc:
                 rows.append(OverlayListing(name=name, version=version, folder=str(folder.path), origin=folder.origin,
-                                           error=str(exc)))
+                                           default=is_default, error=str(exc)))
                 continue
             m = overlay.manifest
             rows.append(OverlayListing(
                 name=m.name, version=m.version, inherits=m.inherits, folder=str(folder.path), origin=folder.origin,
                 description=m.description.strip(), bases=m.target.bases, files=len(m.files),
                 patches=sum(len(per) for per in m.patches.values()), holds=len(overlay.held),
-                artifacts=sorted(m.artifacts)))
+                artifacts=sorted(m.artifacts), default=is_default))
     return rows
 
 

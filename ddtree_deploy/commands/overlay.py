@@ -123,7 +123,7 @@ def _render_list(result: OverlayList) -> None:
     for column in ("overlay", "inherits", "from", "bases", "files", "patches", "holds", "artifacts", "description"):
         table.add_column(column, overflow="fold")
     for row in result.overlays:
-        label, source = f"{row.name}@{row.version}", row.origin
+        label, source = f"{row.name}@{row.version}" + (" (default)" if row.default else ""), row.origin
         if row.error:
             table.add_row(label, "", source, "", "", "", "", "", f"[red]invalid: {escape(row.error)}[/]")
         else:

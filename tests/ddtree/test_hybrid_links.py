@@ -1,4 +1,4 @@
-"""Overlay ddtree 0.3.0 on GDN hybrids: the tree links the verify carries, as SGLang's tree
+"""Overlay ddtree 0.3.0-rc.1 on GDN hybrids: the tree links the verify carries, as SGLang's tree
 conv kernel reads them (``causal_conv1d_triton.py``, 0.5.17: for t in token order,
 ``parent[next[t]] = t`` then ``parent[sib[t]] = parent[t]``; unset parents stay 0, the root).
 The rule needs every parent and previous sibling at a smaller index than the node it

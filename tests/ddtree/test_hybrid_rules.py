@@ -1,4 +1,4 @@
-"""Overlay ddtree 0.3.0: the start-up rules for hybrid targets (which linear-attention kinds
+"""Overlay ddtree 0.3.0-rc.1: the start-up rules for hybrid targets (which linear-attention kinds
 and options DDTREE takes) and the memory estimate of its per-node recurrent states, with
 the numbers of the team's Qwen3.6-27B (48 GDN layers, 48 value heads of 128 x 128, fp32
 SSM state; conv channels 2 x 16 x 128 + 48 x 128 = 10240, kernel 4, bf16)."""
@@ -19,11 +19,11 @@ HYBRID = "sglang/srt/speculative/ddtree_hybrid.py"
 
 
 def hybrid_module() -> ModuleType:
-    """0.3.0's ddtree_hybrid.py (torch only), as the version lands it; registered in sys.modules
+    """0.3.0-rc.1's ddtree_hybrid.py (torch only), as the version lands it; registered in sys.modules
     first (dataclasses need it)."""
     name = "ddtree_hybrid_030"
     if name not in sys.modules:
-        overlay = load_overlay("ddtree@0.3.0", OVERLAYS)
+        overlay = load_overlay("ddtree@0.3.0-rc.1", OVERLAYS)
         module = ModuleType(name)
         module.__file__ = f"{overlay.label}:{HYBRID}"
         sys.modules[name] = module

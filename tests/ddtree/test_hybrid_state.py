@@ -1,4 +1,4 @@
-"""Overlay ddtree 0.3.0 on GDN hybrids: the recurrent state a round commits.
+"""Overlay ddtree 0.3.0-rc.1 on GDN hybrids: the recurrent state a round commits.
 
 - ``ddtree_gdn_chain_state`` (the debug check's fp32 oracle) against transformers' own
   Qwen3-Next reference (``causal_conv1d_update``, ``torch_recurrent_gated_delta_rule``).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtree_deploy.catalog import OVERLAYS_ENV, list_overlays, load_overlay, overlays_path
+from ddtree_deploy.catalog import OVERLAYS_ENV, default_version, list_overlays, load_overlay, overlays_path
 from ddtree_deploy.errors import OverlayError
 from ddtree_deploy.resources import builtin_dir
 
@@ -81,4 +81,13 @@ def test_the_built_ins_are_the_repositorys_overlays_from_a_checkout(tmp_path: Pa
     assert builtin_dir("overlays").resolve() == REPO / "overlays"
     assert builtin_dir("playbooks").resolve() == REPO / "playbooks"
     assert [f.origin for f in overlays_path(None).folders] == ["built-in"]
-    assert load_overlay("ddtree").label == "ddtree@0.3.0"
+    assert load_overlay("ddtree").label == "ddtree@0.2.2"  # the newest release; 0.3.0-rc.1 only when named
+    assert load_overlay("ddtree@0.3.0-rc.1").label == "ddtree@0.3.0-rc.1"
+    rows = {f"{r.name}@{r.version}": r.default for r in list_overlays(overlays_path(None)) if r.name == "ddtree"}
+    assert [label for label, default in rows.items() if default] == ["ddtree@0.2.2"]
+
+
+def test_a_bare_name_takes_the_newest_release_as_pip_does() -> None:
+    assert default_version(["0.1.0", "0.2.0", "0.3.0-rc.1"]) == "0.2.0"
+    assert default_version(["0.1.0", "0.3.0-rc.1", "0.3.0"]) == "0.3.0"
+    assert default_version(["0.1.0-rc.1", "0.1.0-rc.2"]) == "0.1.0-rc.2"  # no release yet: the newest
