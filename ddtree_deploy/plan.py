@@ -115,11 +115,16 @@ class Plan(BaseModel):
 
 
 def _diff_one(change: FileChange) -> str:
-    old, new = change.old_content or b"", change.content or b""
-    a = f"a/{change.path}" if change.action != "create" else "/dev/null"
-    b = f"b/{change.path}" if change.action != "delete" else "/dev/null"
+    return file_diff(change.path, change.old_content or b"" if change.action != "create" else None,
+                     change.content or b"" if change.action != "delete" else None)
+
+
+def file_diff(path: str, old: bytes | None, new: bytes | None) -> str:
+    """One file's unified diff, `a/path` -> `b/path` (None: the file is absent on that side)."""
+    a = f"a/{path}" if old is not None else "/dev/null"
+    b = f"b/{path}" if new is not None else "/dev/null"
     try:
-        old_lines, new_lines = old.decode().splitlines(True), new.decode().splitlines(True)
+        old_lines, new_lines = (old or b"").decode().splitlines(True), (new or b"").decode().splitlines(True)
     except UnicodeDecodeError:
         return f"Binary files {a} and {b} differ\n"
     lines = list(difflib.unified_diff(old_lines, new_lines, a, b))

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ddtree_deploy import steps
 from ddtree_deploy.errors import DeployError, PlaybookError
+from ddtree_deploy.hostrun import Fact, HostRun, StepOutcome
 from ddtree_deploy.resources import builtin_dir
-from ddtree_deploy.steps import Fact, HostRun, StepOutcome
 from ddtree_deploy.yamlfile import first_problem, read_mapping
 
 #: The built-in playbooks: package data (the repository's playbooks/, see resources.py).

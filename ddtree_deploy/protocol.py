@@ -22,6 +22,7 @@ Op = Literal[
     "lock", "unlock", "state", "record_launch",  # locks
     "snapshot", "snapshots", "read_files", "prune",  # store
     "apply", "restore",  # transactions
+    "mark_verified", "adopt",  # deployed
     "verify",  # drift
     "service_start", "service_stop", "service_wait", "service_status", "service_logs", "http",  # service
 ]
@@ -95,10 +96,26 @@ class DeployedState(BaseModel):
     snapshot: str | None = Field(default=None, description="rollback target: the snapshot taken before the push")
     base_snapshot: str | None = Field(default=None, description="the package without any overlay")
     files: dict[str, Any] = Field(default_factory=dict, description="the overlay's post-images by path")
+    applied: float | None = Field(default=None, description="when the apply finished")
+    verified: bool = Field(default=True, description="False from the apply until the push's probes pass (records "
+                                                      "older than this field count as verified)")
 
     @property
     def label(self) -> str | None:
         return f"{self.overlay}@{self.version}" if self.overlay else None
+
+    @property
+    def unverified(self) -> bool:
+        """An overlay is applied but no probe run ever passed on it (the push that applied it did not finish)."""
+        return bool(self.overlay) and not self.verified
+
+
+class DamagedRecord(BaseModel):
+    """A state file the helper could not read (state.json, journal.json): named, never guessed at."""
+
+    file: str = Field(description="state.json or journal.json")
+    path: str = Field(description="where it is on the host")
+    error: str = Field(description="why it cannot be read")
 
 
 class LockController(BaseModel):
@@ -152,3 +169,5 @@ class HostState(BaseModel):
     journal: Journal | None = None
     history: list[dict[str, Any]] = Field(default_factory=list, description="the newest history.jsonl events")
     launch: LaunchRecord | None = None
+    damaged: list[DamagedRecord] = Field(default_factory=list, description="state files that are not readable JSON "
+                                                                           "(read as absent above)")

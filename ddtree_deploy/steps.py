@@ -1,11 +1,12 @@
 """The step vocabulary: what one host can be asked to do, each step a function of (HostRun, args).
 
 Steps read facts first and act only on the difference (pyinfra's habit): `plan` finds that an
-overlay is already applied and ends the run as a no-op; `restart` without a service says so.
+overlay is already applied and ends the run as a no-op (unless no probe ever verified it: then the
+run goes on to restart and probe it); `restart` without a service says so.
 Each step declares the facts it `needs` and those it `gives` (`StepDef`), so `playbook.py`
-refuses an order that cannot work before any host is touched. A run keeps what preflight read
-(`Facts`, never changed afterwards) apart from what the steps produced (`Results`). Steps never
-fan out and never render; they return `StepOutcome`s that keep their evidence.
+refuses an order that cannot work before any host is touched. A run (`hostrun.py`) keeps what
+preflight read (`Facts`, never changed afterwards) apart from what the steps produced (`Results`).
+Steps never fan out and never render; they return `StepOutcome`s that keep their evidence.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from ddtree_deploy import abi, service
 from ddtree_deploy.benchmark.sweep import BenchArgs
@@ -29,147 +29,21 @@ from ddtree_deploy.errors import (
     PreflightError,
     ProbeError,
     ServiceError,
+    UsageError,
 )
-from ddtree_deploy.inventory import HostSpec
+from ddtree_deploy.hostrun import Fact, Facts, HostRun, NoArgs, StepDef, StepOutcome
 from ddtree_deploy.overlay import Overlay
 from ddtree_deploy.plan import HostFile, Plan, facts_needed, plan
 from ddtree_deploy.probes import LosslessProbe, ProbeSpec
-from ddtree_deploy.probing import ProbeResult, Reference, record_reference, run_probes
-from ddtree_deploy.protocol import DeployedState, HostState, LockController
-from ddtree_deploy.remote import drift, facts, locks, store, transactions
-from ddtree_deploy.remote.store import PruneResult, SnapshotTaken
-from ddtree_deploy.remote.transactions import ApplyResult, RestoreResult
-from ddtree_deploy.service import ServiceReport
+from ddtree_deploy.probing import record_reference, run_probes
+from ddtree_deploy.protocol import DamagedRecord, DeployedState, HostState, LockController
+from ddtree_deploy.remote import deployed, drift, facts, locks, store, transactions
+from ddtree_deploy.remote.service import ServiceStatus
+from ddtree_deploy.remote.store import HostSnapshots
 from ddtree_deploy.transport import Transport
 from ddtree_deploy.wording import plural
 
-#: what a step can need or give: the run's overlay (the operator's input), what preflight reads, what steps make
-Fact = Literal["overlay", "fingerprint", "host_state", "plan", "reference", "snapshot", "applied", "restored",
-               "pruned", "server", "probes"]
 T = TypeVar("T")
-
-
-class StepOutcome(BaseModel):
-    step: str
-    status: Literal["ok", "noop", "failed", "skipped"]
-    message: str = ""
-    code: str | None = None
-    hint: str = ""
-    bad_input: bool = False
-    duration_s: float = 0.0
-    details: dict[str, Any] = Field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- a run on one host
-
-
-class RunOptions(BaseModel):
-    """What the operator asked for; the same for every host of a fleet run."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    overlay: str | None = Field(default=None, description="NAME[@VERSION] to push")
-    overlays_dir: str | None = None
-    dry_run: bool = False
-    force: bool = Field(default=False, description="push over drift / roll back across a changed fingerprint")
-    no_rollback: bool = False
-    to_snapshot: str | None = None
-    keep_snapshots: int | None = Field(default=None, ge=1, description="prune: overrides the step's `keep`")
-    lock_ttl_s: float = 3600.0
-
-
-class Facts(BaseModel):
-    """What preflight read from the host before anything changed it (the facts `fingerprint` and `host_state`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    fingerprint: abi.Fingerprint
-    state: HostState
-
-    @property
-    def deployed(self) -> DeployedState | None:
-        return self.state.deployed
-
-
-class Results(BaseModel):
-    """What the steps produced, each field by the step that `gives` it."""
-
-    plan: Plan | None = None
-    reference: Reference | None = None
-    snapshot: SnapshotTaken | None = None
-    applied: ApplyResult | None = None
-    restored: RestoreResult | None = None
-    pruned: PruneResult | None = None
-    server: ServiceReport | None = None
-    probes: list[ProbeResult] = Field(default_factory=list)
-
-
-@dataclass
-class HostRun:
-    """One playbook run on one host: its inputs, the facts preflight read, the steps' results, and its course."""
-
-    transport: Transport
-    options: RunOptions
-    overlay: Overlay | None = None
-    on_progress: Callable[[str, str], None] | None = None
-    facts: Facts | None = None  # set once, by preflight
-    results: Results = field(default_factory=Results)
-    server_args: list[str] = field(default_factory=list)  # the next start's: as last launched, planned or restored
-    overlay_live: bool = False  # the overlay's files are on the host (its probes apply)
-    locked: bool = False
-    changed: bool = False  # a snapshot was taken: from here on, a failure rolls back
-    finished: str | None = None  # "noop" or "dry_run": the playbook ends early, successfully
-    healthy: bool | None = None
-    found_server_args: list[str] | None = None  # bench: the server args to put back (relaunch)
-
-    @property
-    def host(self) -> HostSpec:
-        return self.transport.host
-
-    @property
-    def deployed(self) -> DeployedState | None:
-        """What the host said was deployed when preflight read it (None without a preflight)."""
-        return self.facts.deployed if self.facts is not None else None
-
-    def progress(self, step: str) -> None:
-        if self.on_progress is not None:
-            self.on_progress(self.host.name, step)
-
-    def summary(self) -> dict[str, Any]:
-        """The evidence a report keeps beside the step outcomes."""
-        made = self.results
-        out: dict[str, Any] = {}
-        if made.plan is not None:
-            out["plan"] = {"overlay": f"{made.plan.overlay}@{made.plan.version}", "base": made.plan.base,
-                           "digest": made.plan.digest, "changes": [c.model_dump() for c in made.plan.changes]}
-            if self.options.dry_run:
-                out["diff"] = made.plan.unified_diff()
-        if made.snapshot is not None:
-            out["snapshot"] = made.snapshot.id
-        if made.restored is not None:
-            out["restored"] = made.restored.model_dump()
-        if made.pruned is not None:
-            out["pruned"] = made.pruned.model_dump()
-        if made.server is not None:
-            out["server"] = made.server.model_dump(exclude={"stop"})
-        if made.probes:
-            out["probes"] = [p.model_dump() for p in made.probes]
-        return out
-
-
-class StepDef(BaseModel):
-    """A step: its function, its arguments' model, and its contract with the steps around it."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    fn: Callable[[HostRun, Any], StepOutcome]
-    args: type[BaseModel]
-    needs: frozenset[Fact] = Field(default=frozenset(), description="facts an earlier step (or the run) must give")
-    gives: frozenset[Fact] = Field(default=frozenset(), description="facts this step makes for later steps")
-
-
-class NoArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def _needed(value: T | None, step: str, fact: Fact) -> T:
@@ -197,6 +71,7 @@ class PreflightArgs(NoArgs):
     check_drift: bool = True
     check_overlay: bool = True
     refuse_broken_stack: bool = True  # false for rollback, stop, prune: never blocked by it, the problems are reported
+    allow_damaged_state: bool = False  # rollback (--to restores anyway) and stop: a damaged state file is no obstacle
 
 
 def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
@@ -214,6 +89,8 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
             f"an interrupted operation left an open journal (snapshot {state.journal.snapshot})",
             host=run.host.name, code="journal_open",
             hint=f"run `ddtree-deploy rollback --host {run.host.name}` to restore that snapshot")
+    if state.damaged and not args.allow_damaged_state:
+        raise damaged_error(run, state.damaged)
     problems = abi.check_host_stack(run.host.name, fp)
     not_blocking = ""
     if not args.refuse_broken_stack:
@@ -224,8 +101,19 @@ def preflight(run: HostRun, args: PreflightArgs) -> StepOutcome:
     abi.raise_problems(problems)
     if args.check_drift and deployed is not None and not state.journal:
         _refuse_drift(run)
-    return _ok("preflight", f"{fp.sglang_version} on torch {fp.torch_version}"
-               + (f", {deployed.label} deployed" if deployed and deployed.label else "") + not_blocking)
+    label = f", {deployed.label} deployed" + (" (never verified)" if deployed.unverified else "") \
+        if deployed and deployed.label else ""
+    return _ok("preflight", f"{fp.sglang_version} on torch {fp.torch_version}{label}{not_blocking}")
+
+
+def damaged_error(run: HostRun, damaged: list[DamagedRecord], why: str = "") -> PreflightError:
+    """A state file that cannot be read, named, with the snapshots `rollback --to` can restore (the store is intact)."""
+    known = [s.id for s in store.snapshots(run.transport).snapshots][-10:]
+    first = damaged[0]
+    return PreflightError(f"{first.path} is damaged ({first.error}){why}", host=run.host.name, code="state_damaged",
+                          details={"damaged": [d.model_dump() for d in damaged], "snapshots": known},
+                          hint=f"restore a snapshot, which rewrites it: `ddtree-deploy rollback --host {run.host.name} "
+                               f"--to SNAPSHOT`; snapshots (newest last): {', '.join(known) or 'none'}")
 
 
 def take_lock(t: Transport, ttl_s: float) -> None:
@@ -285,11 +173,15 @@ def plan_step(run: HostRun, args: NoArgs) -> StepOutcome:
     planned = run.results.plan = plan_for_host(run.transport, overlay, fp.sglang_version or "",
                                                artifacts_folder=artifacts, deployed=known.deployed)
     run.server_args = list(overlay.manifest.server.args)
-    if planned.noop:
+    unverified = known.deployed is not None and known.deployed.unverified and known.deployed.label == overlay.label
+    if planned.noop and not unverified:
         run.finished = "noop"
         return _noop("plan", f"{overlay.label} already applied; nothing to change")
     if run.options.dry_run:
         run.finished = "dry_run"
+    if planned.noop:  # applied by a push that never finished its probes: this run restarts and probes it
+        run.reverify = run.overlay_live = True
+        return _ok("plan", f"{overlay.label} already applied but never verified: restart and probe it")
     return _ok("plan", f"{overlay.label} on sglang {planned.base}: {_change_counts(planned)}")
 
 
@@ -321,10 +213,19 @@ def reference(run: HostRun, args: NoArgs) -> StepOutcome:
     specs = _probe_specs(run, with_overlay=True)
     if not any(isinstance(s, LosslessProbe) for s in specs):
         return _noop("reference", "no lossless probe declared")
-    if run.host.service is None or not service.status(run.transport).healthy:
+    live = service.status(run.transport) if run.host.service is not None else None
+    if live is None or not live.healthy:
         return _noop("reference", "server not healthy before the push: lossless probes have no reference")
+    if run.reverify and not _started_before_apply(live, run.deployed):
+        return _noop("reference", "the server was started after the overlay was applied: no answers from before "
+                                  "it to compare with, lossless probes have no reference")
     recorded = run.results.reference = record_reference(run.transport, specs)
     return _ok("reference", f"recorded {len(recorded.outputs)} greedy answers")
+
+
+def _started_before_apply(live: ServiceStatus, state: DeployedState | None) -> bool:
+    """The live server still runs the code from before the apply (it was started before it)."""
+    return live.started is not None and state is not None and state.applied is not None and live.started < state.applied
 
 
 class SnapshotArgs(NoArgs):
@@ -333,6 +234,9 @@ class SnapshotArgs(NoArgs):
 
 def snapshot(run: HostRun, args: SnapshotArgs) -> StepOutcome:
     """Record the installed package in the host's store; from here on a failure rolls back."""
+    if run.reverify and run.deployed is not None:
+        run.changed = True  # a failure restores the snapshot taken before the overlay was applied
+        return _noop("snapshot", f"overlay already applied: a failure restores {run.deployed.snapshot}, taken before it")
     fp = run.facts.fingerprint.model_dump(mode="json") if run.facts else None
     s = run.results.snapshot = store.snapshot(run.transport, args.reason, fp)
     run.changed = True
@@ -343,6 +247,8 @@ def snapshot(run: HostRun, args: SnapshotArgs) -> StepOutcome:
 def apply(run: HostRun, args: NoArgs) -> StepOutcome:
     """Apply the plan as one journaled transaction on top of the snapshot just taken."""
     planned = _needed(run.results.plan, "apply", "plan")
+    if run.reverify:
+        return _noop("apply", f"{planned.overlay}@{planned.version} already applied")
     taken = _needed(run.results.snapshot, "apply", "snapshot")
     run.results.applied = transactions.apply(run.transport, planned.helper_args(taken.id))
     run.overlay_live = True
@@ -358,12 +264,20 @@ class RestoreArgs(NoArgs):
 
 def restore(run: HostRun, args: RestoreArgs) -> StepOutcome:
     """Put the package back exactly as a snapshot recorded it, verified by re-hashing."""
-    taken = run.results.snapshot
-    target = args.snapshot or run.options.to_snapshot or (taken.id if taken else None)
-    if target is None and run.deployed is None and not _host_state(run).journal:
+    taken, chosen = run.results.snapshot, args.snapshot or run.options.to_snapshot
+    target = chosen or (taken.id if taken else None)
+    state = _host_state(run)
+    if target is None and state.damaged:
+        raise damaged_error(run, state.damaged, ": a plain rollback cannot tell which snapshot to restore")
+    if target is None and not (state.deployed and state.deployed.overlay) and not state.journal:
         return _noop("restore", "nothing deployed and no interrupted operation: nothing to restore")
+    listing = store.snapshots(run.transport)
+    known = [s.id for s in listing.snapshots]
+    if chosen is not None and chosen not in known:  # bad input: refused before anything is touched
+        raise UsageError(f"no snapshot {chosen} on this host", host=run.host.name, code="unknown_snapshot",
+                         hint=f"known snapshots (newest last): {', '.join(known[-10:]) or 'none'}")
     if run.facts is not None and not run.options.force:
-        abi.raise_problems(_snapshot_problems(run, run.facts, target), code="fingerprint_changed")
+        abi.raise_problems(_snapshot_problems(run, run.facts, target, listing), code="fingerprint_changed")
     run.changed = True
     r = run.results.restored = transactions.restore(run.transport, target)
     run.overlay_live = False
@@ -384,14 +298,13 @@ def _host_state(run: HostRun) -> HostState:
     return run.facts.state if run.facts is not None else locks.state(run.transport)
 
 
-def _snapshot_problems(run: HostRun, known: Facts, target: str | None) -> list[abi.AbiProblem]:
+def _snapshot_problems(run: HostRun, known: Facts, target: str | None, listing: HostSnapshots) -> list[abi.AbiProblem]:
     """Compare the host's fingerprint as preflight read it with the one recorded in the target snapshot."""
-    listing = store.snapshots(run.transport)
     journal = known.state.journal
     target = target or (journal.snapshot if journal else None) or listing.rollback_target
     recorded = next((s.fingerprint for s in listing.snapshots if s.id == target), None)
     if not recorded:
-        return []  # unknown ids are refused by the restore itself, naming the known ones
+        return []  # recorded without a fingerprint: nothing to compare with
     then = abi.Fingerprint.from_helper(recorded, host=run.host.name)
     return abi.check_snapshot_compat(run.host.name, known.fingerprint, then)
 
@@ -445,7 +358,7 @@ def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
     if args.if_changed and not run.changed:
         return _noop("probe", "package unchanged: nothing to probe")
     if run.host.service is None:
-        return _noop("probe", "no service configured: nothing to probe")
+        return _verified(run, _noop("probe", "no service configured: nothing to probe"))
     specs = _probe_specs(run, with_overlay=run.overlay_live)
     probed = run.results.probes = run_probes(run.transport, specs, run.results.reference)
     failed = [p for p in probed if not p.ok]
@@ -455,7 +368,18 @@ def probe(run: HostRun, args: IfChangedArgs) -> StepOutcome:
                          code="probe_failed", details={"probes": [p.model_dump() for p in probed]},
                          hint=f"see `ddtree-deploy logs --host {run.host.name}`")
     skipped = sum(1 for p in probed if p.status == "skipped")
-    return _ok("probe", f"{plural(len(probed) - skipped, 'probe')} passed" + (f", {skipped} skipped" if skipped else ""))
+    return _verified(run, _ok("probe", f"{plural(len(probed) - skipped, 'probe')} passed"
+                              + (f", {skipped} skipped" if skipped else "")))
+
+
+def _verified(run: HostRun, outcome: StepOutcome) -> StepOutcome:
+    """Once the probes of the overlay this run pushed passed (or no server runs to probe), the host records
+    it verified; until then `status` flags it and a push of it restarts and probes instead of doing nothing."""
+    planned = run.results.plan
+    if run.overlay_live and planned is not None and not run.options.dry_run:
+        deployed.mark_verified(run.transport, planned.digest)
+        outcome.message += f"; {planned.overlay}@{planned.version} recorded as verified"
+    return outcome
 
 
 def _probe_specs(run: HostRun, *, with_overlay: bool) -> list[ProbeSpec]:
@@ -517,6 +441,20 @@ def relaunch(run: HostRun, args: NoArgs) -> StepOutcome:
     return restart(run, IfChangedArgs()).model_copy(update={"step": "relaunch"})
 
 
+def adopt(run: HostRun, args: NoArgs) -> StepOutcome:
+    """Make the installed files the baseline drift is measured against (once the operator has seen `diff`):
+    a snapshot the deployed overlay now sits on. No package file changes; the server is not touched."""
+    found = drift.verify(run.transport)
+    if found.baseline is not None and found.clean:
+        return _noop("adopt", f"no drift: the installed files already match snapshot {found.baseline}")
+    fp = run.facts.fingerprint.model_dump(mode="json") if run.facts else None
+    done = run.results.adopted = deployed.adopt(run.transport, fp)
+    what = plural(len(found.files), "drifted file") if found.baseline else "the installed files (no baseline before)"
+    sits = f"{done.deployed.label} now sits on it" if done.deployed.label else "it is the new base"
+    return _ok("adopt", f"adopted {what}: snapshot {done.snapshot.id}; {sits}",
+               drifted=[d.model_dump() for d in found.files])
+
+
 def release_lock(run: HostRun) -> None:
     """Always the last thing a run does on a host it locked."""
     if run.locked:
@@ -544,4 +482,5 @@ STEPS: dict[str, StepDef] = {
     # the bench reads the launch args preflight found; its results ride in its outcome's details
     "bench": _step(bench, BenchArgs, needs=("host_state",)),
     "relaunch": _step(relaunch, NoArgs, gives=("server",)),
+    "adopt": _step(adopt, NoArgs, gives=("adopted",)),
 }

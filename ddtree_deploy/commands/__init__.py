@@ -15,6 +15,7 @@ from ddtree_deploy import __version__
 from ddtree_deploy import output as out
 from ddtree_deploy.commands import (
     abi,
+    adopt,
     bench,
     diff,
     history,
@@ -55,7 +56,7 @@ def root(
 def register(app: typer.Typer) -> None:
     """Add every command and command group to `app`."""
     for command in (status.status, push.push, rollback.rollback, restart.restart, restart.stop, play.play,
-                    diff.diff, snapshots.snapshots, prune.prune, history.history, abi.abi, logs.logs, unlock.unlock,
-                    bench.bench):
+                    diff.diff, adopt.adopt, snapshots.snapshots, prune.prune, history.history, abi.abi, logs.logs,
+                    unlock.unlock, bench.bench):
         app.command(command.__name__, cls=out.Command)(command)
     app.add_typer(overlay.app, name="overlay")

@@ -40,7 +40,7 @@ def play_builtin(
             from ddtree_deploy import playbook
             from ddtree_deploy.catalog import load_overlay, overlays_path
             from ddtree_deploy.commands._play import exit_code, render, run_playbook
-            from ddtree_deploy.steps import RunOptions
+            from ddtree_deploy.hostrun import RunOptions
 
             the_overlay = load_overlay(overlay, overlays_path(run_options.get("overlays_dir"))) if overlay else None
             if the_overlay is not None:

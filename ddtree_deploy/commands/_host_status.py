@@ -2,7 +2,8 @@
 
 The status command's own work (`commands/status.py` imports it while the hosts connect): the
 fingerprint, the host's state (deployed overlay, lock, journal, last launch), the deployed
-overlay's own files against what it wrote, and the server's health.
+overlay's own files against what it wrote, and the server's health. An overlay no probe verified
+and a state file that cannot be read are notes that say what to do, never a healthy row.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ class HostStatus(BaseModel):
     torch: str | None
     cuda_variant: str | None
     overlay: str | None = None
+    verified: bool | None = Field(default=None, description="the overlay's probes passed since it was applied "
+                                                            "(None: nothing deployed)")
     snapshot: str | None = None
     launch_args: list[str] = Field(default_factory=list)
     lock: str | None = None
     journal_open: bool = False
+    damaged: list[str] = Field(default_factory=list, description="state files on the host that cannot be read")
     server: str = "no service"
     notes: list[str] = Field(default_factory=list)
     needs_attention: bool = False
@@ -43,7 +47,7 @@ def host_status(transport: Transport) -> HostStatus:
     state = locks.state(transport)
     deployed, lock = state.deployed, state.lock
     overlay = deployed.label if deployed else None
-    notes = _state_notes(state)
+    notes = _state_notes(state, transport.host.name)
     drifted = _overlay_drift_note(transport, overlay) if overlay and not state.journal else None
     if drifted:
         notes.append(drifted)
@@ -51,17 +55,25 @@ def host_status(transport: Transport) -> HostStatus:
     return HostStatus(
         host=transport.host.name, python=fp.python_version, package_root=state.package_root,
         sglang=fp.sglang_version, torch=fp.torch_version, cuda_variant=fp.cuda_variant, overlay=overlay,
+        verified=deployed.verified if overlay and deployed else None,
         snapshot=deployed.snapshot if deployed else None, launch_args=state.launch.argv if state.launch else [],
-        lock=lock.owner if lock else None, journal_open=state.journal is not None, notes=notes, server=server,
-        needs_attention=state.journal is not None or bool(lock and not lock.expired)
-        or server.startswith("unhealthy") or bool(drifted), ssh_resolver=transport.ssh_resolver,
+        lock=lock.owner if lock else None, journal_open=state.journal is not None,
+        damaged=[d.path for d in state.damaged], notes=notes, server=server,
+        needs_attention=state.journal is not None or bool(lock and not lock.expired) or bool(state.damaged)
+        or bool(deployed and deployed.unverified) or server.startswith("unhealthy") or bool(drifted),
+        ssh_resolver=transport.ssh_resolver,
     )
 
 
-def _state_notes(state: HostState) -> list[str]:
-    notes = []
+def _state_notes(state: HostState, host: str) -> list[str]:
+    notes = [f"{d.path} is damaged ({d.error}): `ddtree-deploy rollback --host {host} --to SNAPSHOT` restores a "
+             f"snapshot and rewrites it (`ddtree-deploy snapshots --host {host}` lists them)" for d in state.damaged]
     if state.journal:
         notes.append("open journal: an operation was interrupted; run `ddtree-deploy rollback`")
+    if state.deployed and state.deployed.unverified:
+        notes.append(f"{state.deployed.label} was applied but never verified (the push that applied it did not "
+                     f"finish its probes): push it again to restart and probe it, or `ddtree-deploy rollback "
+                     f"--host {host}`")
     if state.lock:
         notes.append("lock expired" if state.lock.expired else f"locked since {moment(state.lock.started or 0)}")
     return notes

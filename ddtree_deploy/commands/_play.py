@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 from ddtree_deploy import history, playbook
 from ddtree_deploy import output as out
 from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, interruptible, operator
+from ddtree_deploy.hostrun import HostRun, RunOptions
 from ddtree_deploy.inventory import HostSpec, Inventory
 from ddtree_deploy.overlay import Overlay
 from ddtree_deploy.playbook import Playbook, PlaybookReport
-from ddtree_deploy.steps import HostRun, RunOptions
 from ddtree_deploy.transport import Transport
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def _row_code(result: PlaybookReport) -> out.ExitCode:
     if result.outcome == "refused" and failed is not None:
         if failed.bad_input:
             return out.ExitCode.BAD_INPUT
-        if failed.code in ("locked", "journal_open"):
+        if failed.code in ("locked", "journal_open", "state_damaged"):
             return out.ExitCode.HOST_NEEDS_ATTENTION
     return OUTCOME_EXIT.get(result.outcome, out.ExitCode.FAILED)
 

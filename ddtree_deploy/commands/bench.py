@@ -148,7 +148,7 @@ def _play(args: BenchArgs, host: list[str] | None, inventory: str | None, accept
     with connecting(inv, hosts, "bench", options) as started:
         from ddtree_deploy import playbook
         from ddtree_deploy.commands._play import run_playbook
-        from ddtree_deploy.steps import RunOptions
+        from ddtree_deploy.hostrun import RunOptions
 
         book = playbook.builtin("bench")
         for call in book.steps:

@@ -1,8 +1,11 @@
-"""`ddtree-deploy diff`: drift, file by file, between installed files and what each host's state says."""
+"""`ddtree-deploy diff`: drift, file by file, between installed files and what each host's state says.
+
+With `--content`, each drifted file also comes as a unified diff from the bytes the host's store
+holds (what was deployed) to the installed bytes: what `adopt` would accept.
+"""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -14,8 +17,11 @@ from ddtree_deploy.wording import plural
 
 if TYPE_CHECKING:
     from ddtree_deploy.remote.drift import DriftReport
+    from ddtree_deploy.transport import Transport
 
 DeepOption = Annotated[bool, typer.Option("--deep", help="Re-hash every file instead of trusting unchanged stat data.")]
+ContentOption = Annotated[bool, typer.Option(
+    "--content", help="Show each drifted file as a unified diff against the stored contents (files up to 1 MB).")]
 
 
 def diff(
@@ -24,6 +30,7 @@ def diff(
     all_hosts: out.AllOption = False,
     inventory: out.InventoryOption = None,
     deep: DeepOption = False,
+    content: ContentOption = False,
     accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
@@ -33,12 +40,28 @@ def diff(
     """
     from ddtree_deploy.remote import drift
 
+    def work(t: Transport) -> DriftReport:
+        found = drift.verify(t, deep=deep, content=content)
+        return _with_diffs(found) if content else found
+
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
         hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
         options = FleetOptions(accept_new_host_key=accept_new_host_key)
-        report = fan_out(inv, hosts, "diff", partial(drift.verify, deep=deep), options)
+        report = fan_out(inv, hosts, "diff", work, options)
     out.emit(report, as_json=as_json, human=_render, code=diff_exit_code(report))
+
+
+def _with_diffs(found: DriftReport) -> DriftReport:
+    """Each drifted file's unified diff, stored -> installed, where both sides' bytes came (a mode change has none)."""
+    from ddtree_deploy.plan import file_diff
+
+    for entry in found.files:
+        old, new = entry.expected_content, entry.actual_content
+        if entry.kind != "mode" and (entry.expected is None or old is not None) and (entry.actual is None
+                                                                                      or new is not None):
+            entry.diff = file_diff(entry.path, old, new)
+    return found
 
 
 def diff_exit_code(report: FleetReport[DriftReport]) -> out.ExitCode:
@@ -71,6 +94,17 @@ def _render(report: FleetReport[DriftReport]) -> None:
             for entry in drift.files:
                 table.add_row(entry.path, entry.kind, _short(entry.expected), _short(entry.actual))
             out.console.print(table)
+            _render_contents(drift)
+
+
+def _render_contents(drift: DriftReport) -> None:
+    from rich.markup import escape
+
+    for entry in drift.files:
+        if entry.diff:
+            out.console.print(entry.diff, markup=False, highlight=False, soft_wrap=True, end="")
+        if entry.content_note:
+            out.console.print(f"[dim]{escape(entry.path)}: not shown: {escape(entry.content_note)}[/]")
 
 
 def _short(entry: dict[str, object] | None) -> str:

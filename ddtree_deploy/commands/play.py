@@ -34,7 +34,7 @@ def play(
     from ddtree_deploy import playbook
     from ddtree_deploy.catalog import load_overlay, overlays_path
     from ddtree_deploy.commands._play import exit_code, render, run_playbook
-    from ddtree_deploy.steps import RunOptions
+    from ddtree_deploy.hostrun import RunOptions
 
     with out.errors_rendered(as_json):
         book = playbook.load_playbook(Path(file)) if Path(file).exists() else playbook.builtin(file)

@@ -22,10 +22,12 @@ def rollback(
     accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
-    """Put each selected host's package back as a snapshot recorded it (default: every host).
+    """Put each selected host's package back as a snapshot recorded it (say which: --host, --group or --all).
 
-    Hosts with nothing deployed and no interrupted operation are left alone. Exit codes as for push.
+    Hosts with nothing deployed and no interrupted operation are left alone, their servers too. With a
+    damaged state.json or journal.json only --to says what to restore (the restore rewrites them).
+    Exit codes as for push; an unknown --to snapshot is bad input (2) and touches nothing.
     """
     play_builtin("rollback", host=host, group=group, all_hosts=all_hosts, inventory=inventory,
-                 accept_new_host_key=accept_new_host_key, as_json=as_json, default_all=True,
+                 accept_new_host_key=accept_new_host_key, as_json=as_json,
                  to_snapshot=to, force=force, overlays_dir=overlays)

@@ -24,7 +24,8 @@ def status(
     """Show every selected host (default: all): reachable, python, sglang, torch/CUDA, overlay, lock, server.
 
     Exit codes: 0 all hosts reachable and clean; 1 a host is unreachable; 3 a host is locked, has an
-    open journal, has drifted or its server is unhealthy.
+    open journal or a damaged state file, has drifted, runs an overlay no probe verified, or its
+    server is unhealthy.
     """
     with out.errors_rendered(as_json):
         inv = load_inventory(inventory)
@@ -62,6 +63,7 @@ def render(report: FleetReport[HostStatus], pythons: dict[str, str] | None = Non
             continue
         s = row.result
         server = f"[green]{s.server}[/]" if s.server.startswith("healthy") else s.server
-        table.add_row(s.host, s.python, s.sglang or "[red]missing[/]", s.torch or "-", s.overlay or "none",
+        overlay = f"{s.overlay} [yellow](unverified)[/]" if s.verified is False else s.overlay or "none"
+        table.add_row(s.host, s.python, s.sglang or "[red]missing[/]", s.torch or "-", overlay,
                       s.lock or "-", server, "; ".join(s.notes))
     out.console.print(table)

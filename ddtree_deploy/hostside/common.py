@@ -16,7 +16,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import IO, Any, Callable, Dict, Optional, Tuple, TypeVar
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 
 class HelperFailure(Exception):
@@ -156,6 +156,40 @@ def read_json(path: str, default: Any = None) -> Any:
             return json.loads(f.read())
     except FileNotFoundError:
         return default
+
+
+#: the records a damaged copy of must be named, never read as absent by an op that changes the host
+RECORDS = ("state.json", "journal.json")
+DAMAGED_HINT = "restore a snapshot with `ddtree-deploy rollback --host HOST --to SNAPSHOT` (the store is intact), " \
+               "which rewrites it; `ddtree-deploy snapshots --host HOST` lists them"
+
+
+def read_record_or_damage(ctx: Context, name: str) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, str]]]:
+    """state.json or journal.json: (its mapping or None when absent, None) or, when it is not a JSON
+    mapping (a disk that filled mid-write, a hand edit), (None, {file, path, error})."""
+    path = ctx.path(name)
+    try:
+        value = read_json(path)
+    except ValueError as exc:
+        return None, {"file": name, "path": path, "error": "not valid JSON (%s)" % exc}
+    if value is not None and not isinstance(value, dict):
+        return None, {"file": name, "path": path, "error": "not a JSON object"}
+    return value, None
+
+
+def damaged_failure(damage: Dict[str, str], known: Optional[List[str]] = None) -> HelperFailure:
+    """The refusal of an op that needs a record that cannot be read: code state_damaged, naming the file."""
+    hint = DAMAGED_HINT + ("; known snapshots (newest last): %s" % ", ".join(known) if known else "")
+    return HelperFailure("state_damaged", "%s is damaged: %s" % (damage["path"], damage["error"]), hint,
+                         damaged=damage, known=known or [])
+
+
+def read_record(ctx: Context, name: str) -> Optional[Dict[str, Any]]:
+    """state.json or journal.json (None when absent); a damaged one is refused as state_damaged, by name."""
+    value, damage = read_record_or_damage(ctx, name)
+    if damage is not None:
+        raise damaged_failure(damage)
+    return value
 
 
 def append_history(ctx: Context, event: Dict[str, Any]) -> None:

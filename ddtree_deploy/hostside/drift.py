@@ -6,10 +6,12 @@ quick check (`overlay_only`, what `status` asks) re-hashes only the overlay's ow
 
 from __future__ import annotations
 
+import base64
 import os
 from typing import Any, Dict, Optional, Tuple
 
-from .common import Context, read_json
+from .common import Context, read_record
+from .objects import ObjectStore
 from .package import Entry, StatCache, checked_path, path_entry, scan, sha_of_file
 from .store import load_manifest, overlay_label
 
@@ -18,9 +20,10 @@ def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     """Installed files versus what state.json says should be there (base snapshot + overlay post-images).
 
     + deep: re-hash every file; overlay_only: check only the deployed overlay's own files (what
-      `status` asks: a few files, no walk of the package).
+      `status` asks: a few files, no walk of the package); content: add each drifted file's bytes,
+      as expected (from the store) and as installed, base64 (`diff --content`).
     """
-    state = read_json(ctx.path("state.json")) or {}
+    state = read_record(ctx, "state.json") or {}
     if not state.get("base_snapshot"):
         state = {}  # nothing was ever deployed or restored: nothing to compare against
     if args.get("overlay_only"):
@@ -34,13 +37,17 @@ def verify(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         )
         if d
     ]
+    if args.get("content"):
+        objects = ObjectStore(ctx)
+        for d in drift:
+            d.update(contents(ctx, objects, d["path"], expected.get(d["path"]), current.get(d["path"])))
     return {
         "baseline": state.get("base_snapshot"),
         "overlay": overlay_label(state),
         "clean": not drift,
         "files": drift,
         "checked": checked,
-        "journal": read_json(ctx.path("journal.json")),
+        "journal": read_record(ctx, "journal.json"),
     }
 
 
@@ -89,6 +96,30 @@ def compare(rel: str, want: Optional[Entry], have: Optional[Entry]) -> Optional[
     else:
         kind = "mode"
     return {"path": rel, "kind": kind, "expected": brief(want), "actual": brief(have)}
+
+
+MAX_CONTENT = 1 << 20  # a drifted file larger than this is named, not shown
+
+
+def contents(
+    ctx: Context, objects: ObjectStore, rel: str, want: Optional[Entry], have: Optional[Entry]
+) -> Dict[str, Any]:
+    """The two sides of a drifted file, base64 (None: absent, or `content_note` says why it is not shown)."""
+    notes = []
+    sides: Dict[str, Any] = {"expected_content": None, "actual_content": None}
+    for key, entry in (("expected_content", want), ("actual_content", have)):
+        if entry is None:
+            continue
+        if "link" in entry or entry.get("size", 0) > MAX_CONTENT:
+            notes.append("%s: %s" % (key.split("_")[0], "a symlink" if "link" in entry else "over 1 MB"))
+        elif key == "actual_content":
+            with open(checked_path(ctx, rel), "rb") as f:
+                sides[key] = base64.b64encode(f.read()).decode()
+        elif objects.has(entry["sha256"]):
+            sides[key] = base64.b64encode(objects.read(entry["sha256"])).decode()
+        else:
+            notes.append("expected: contents not in the store")
+    return dict(sides, content_note="; ".join(notes))
 
 
 def brief(entry: Optional[Entry]) -> Optional[Dict[str, Any]]:

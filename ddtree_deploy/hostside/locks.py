@@ -1,6 +1,6 @@
 """The host lock and the `state` op: who holds the host, what is deployed, whether a journal is open.
 
-`refuse_if_busy` is what every change asks first: no open journal, and no live lock of another owner.
+`refuse_if_busy` is what every change asks first: no open (or damaged) journal, and no live lock of another owner.
 """
 
 from __future__ import annotations
@@ -10,7 +10,18 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
-from .common import Context, HelperFailure, append_history, read_json, remove_quietly, staged_file, write_json
+from .common import (
+    RECORDS,
+    Context,
+    HelperFailure,
+    append_history,
+    read_json,
+    read_record,
+    read_record_or_damage,
+    remove_quietly,
+    staged_file,
+    write_json,
+)
 
 
 def lock(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
@@ -77,24 +88,36 @@ def unlock(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def state(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """What status needs in one round trip: deployed state, lock, open journal, recent history."""
+    """What status needs in one round trip: deployed state, lock, open journal, recent history.
+
+    A damaged state.json or journal.json reads as absent and is named under `damaged`, so the
+    caller can say which file it is and still show the rest.
+    """
     lock_record = read_lock(ctx)
     if lock_record and lock_record.get("expires", 0) <= time.time():
         lock_record = dict(lock_record, expired=True)
+    records: Dict[str, Optional[Dict[str, Any]]] = {}
+    damaged: List[Dict[str, str]] = []
+    for name in RECORDS:
+        records[name], damage = read_record_or_damage(ctx, name)
+        if damage is not None:
+            damaged.append(damage)
     return {
         "state_dir": ctx.state_dir,
         "package_root": ctx.package_root,
-        "deployed": read_json(ctx.path("state.json")),
+        "deployed": records["state.json"],
         "lock": lock_record,
-        "journal": read_json(ctx.path("journal.json")),
+        "journal": records["journal.json"],
         "history": _tail_lines(ctx.path("history.jsonl"), int(args.get("history", 5))),
         "launch": read_json(ctx.path("server", "launch.json")),
+        "damaged": damaged,
     }
 
 
 def refuse_if_busy(ctx: Context) -> None:
-    """A change refuses while a journal is open (interrupted operation) or another owner holds the lock."""
-    journal = read_json(ctx.path("journal.json"))
+    """A change refuses while a journal is open (interrupted operation, or a journal too damaged to read) or
+    another owner holds the lock."""
+    journal = read_record(ctx, "journal.json")
     if journal is not None:
         raise HelperFailure(
             "journal_open",

@@ -22,7 +22,7 @@ import os
 import re
 import stat
 import time
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from .common import (
     Context,
@@ -32,6 +32,8 @@ from .common import (
     os_failure,
     pause_point,
     read_json,
+    read_record,
+    read_record_or_damage,
     remove_quietly,
 )
 from .locks import refuse_if_busy
@@ -75,6 +77,19 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     """
     ctx.ensure_state_dir()
     refuse_if_busy(ctx)
+    state = read_record(ctx, "state.json")  # what the manifest records as deployed: unreadable, no snapshot
+    return take_snapshot(ctx, str(args.get("reason") or ""), args.get("fingerprint"), state,
+                         args.get("overlay") or overlay_label(state))
+
+
+#: what a snapshot records, given the package as scanned: (files, dirs)
+Amend = Callable[[Dict[str, Entry], Dict[str, int]], Tuple[Dict[str, Entry], Dict[str, int]]]
+
+
+def take_snapshot(ctx: Context, reason: str, fingerprint: Any, state: Optional[Dict[str, Any]],
+                  overlay: Optional[str], amend: Optional[Amend] = None) -> Dict[str, Any]:
+    """Scan the package, store the contents the store lacks and write the manifest (`amend` may change which
+    files it records, from the scan and contents already stored); undone completely if anything fails."""
     started = time.time()
     cache = StatCache(ctx)
     objects = ObjectStore(ctx, pause_point)
@@ -84,7 +99,8 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         files, dirs = scan(ctx, cache, read=collector.hash)  # a first snapshot's pack fills as it goes
         sources = [(ctx.package_root + "/" + rel, e["sha256"]) for rel, e in files.items() if "link" not in e]
         added = collector.store_rest(sources)
-        state = read_json(ctx.path("state.json"))
+        if amend is not None:
+            files, dirs = amend(files, dirs)
         digest = files_digest(files)
         snap_id = (
             time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(started))
@@ -94,10 +110,10 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         manifest = {
             "id": snap_id,
             "time": started,
-            "reason": str(args.get("reason") or ""),
-            "fingerprint": args.get("fingerprint"),
+            "reason": reason,
+            "fingerprint": fingerprint,
             "package_root": ctx.package_root,
-            "overlay": args.get("overlay") or overlay_label(state),
+            "overlay": overlay,
             "state": state,
             "dirs": dirs,
             "files": files,
@@ -117,7 +133,7 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         pass
     previous = list_summaries(ctx)
     same = [s["id"] for s in previous[:-1] if s.get("digest") == summary["digest"]]
-    append_history(ctx, {"op": "snapshot", "id": snap_id, "reason": manifest["reason"], "by": ctx.owner})
+    append_history(ctx, {"op": "snapshot", "id": snap_id, "reason": reason, "by": ctx.owner})
     return dict(
         summary,
         new_objects=added.objects,
@@ -187,8 +203,9 @@ def list_summaries(ctx: Context) -> List[Dict[str, Any]]:
 
 
 def snapshots(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """List snapshots: id, time, reason, files, overlay (oldest first)."""
-    return {"snapshots": list_summaries(ctx), "state": read_json(ctx.path("state.json"))}
+    """List snapshots: id, time, reason, files, overlay (oldest first); a damaged state.json reads as none
+    (the listing is what `rollback --to` needs then)."""
+    return {"snapshots": list_summaries(ctx), "state": read_record_or_damage(ctx, "state.json")[0]}
 
 
 # ---------------------------------------------------------------- prune
@@ -210,7 +227,7 @@ def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     ctx.ensure_state_dir()
     refuse_if_busy(ctx)
     summaries = list_summaries(ctx)
-    state = read_json(ctx.path("state.json")) or {}
+    state = read_record(ctx, "state.json") or {}  # damaged: the rollback target is unknown, so nothing goes
     kept = ids_of([s["id"] for s in summaries[-keep:]] + [state.get("snapshot"), base_of(state)])
     manifests = {i: read_json(manifest_path(ctx, i)) or {} for i in kept}
     kept |= ids_of([base_of(m.get("state")) for m in manifests.values()])

@@ -23,10 +23,11 @@ from .common import (
     Context,
     HelperFailure,
     append_history,
+    damaged_failure,
     fsync_dir,
     os_failure,
     pause_point,
-    read_json,
+    read_record_or_damage,
     remove_quietly,
     staged_bytes,
     write_json,
@@ -34,7 +35,7 @@ from .common import (
 from .locks import refuse_if_busy
 from .objects import ObjectStore, hash_file
 from .package import Entry, StatCache, checked_path, lstat_or_none, path_entry, scan, sha_of_file
-from .store import load_manifest, overlay_label
+from .store import list_summaries, load_manifest, overlay_label
 
 
 def write_journal(ctx: Context, journal: Dict[str, Any], what: str) -> None:
@@ -80,7 +81,9 @@ def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     pause_point("staged")
     commit(ctx, changes, targets, temps)
     forget_bytecode(targets)
-    write_json(ctx.path("state.json"), dict(new_state, applied=time.time()))
+    # Unverified until the push's probes pass (`mark_verified`): a push that dies from here on leaves an
+    # overlay no probe checked, and the host says so instead of calling it deployed.
+    write_json(ctx.path("state.json"), dict(new_state, applied=time.time(), verified=False))
     pause_point("state_written")
     append_history(
         ctx,
@@ -202,7 +205,7 @@ def stage_apply(
             )
             temps.append(staged_bytes(data, os.path.dirname(full), mode))
             pause_point("file_staged:%d" % len(temps))
-        ensure_preimage_objects(ctx, changes, targets)
+        ensure_objects(ctx, changes, targets, payloads)
     except OSError as exc:
         undo_staging(ctx, temps, new_dirs)
         raise os_failure(exc, "apply") from None
@@ -220,11 +223,20 @@ def probe_writable(paths: List[str]) -> None:
         os.unlink(tmp)
 
 
-def ensure_preimage_objects(ctx: Context, changes: List[Dict[str, Any]], targets: List[str]) -> None:
-    """The bytes a rollback needs are in the store before anything is replaced (normally already there)."""
+def ensure_objects(
+    ctx: Context, changes: List[Dict[str, Any]], targets: List[str], payloads: List[Optional[bytes]]
+) -> None:
+    """The bytes a rollback needs (pre-images, normally stored already) and those drifted files are compared
+    with (post-images: `diff --content`, `adopt`) are in the store before anything is replaced."""
     objects = ObjectStore(ctx)
     sources = [(full, change["expect"]) for change, full in zip(changes, targets) if change.get("expect")]
-    objects.add(objects.from_files(sources, {}))
+    incoming = objects.from_files(sources, {})
+    wanted = {item.sha for item in incoming}
+    for change, data in zip(changes, payloads):
+        if data is not None and change["sha256"] not in wanted and not objects.has(change["sha256"]):
+            incoming.append(ObjectStore.from_bytes(change["sha256"], data))
+            wanted.add(change["sha256"])
+    objects.add(incoming)
 
 
 def undo_staging(ctx: Context, temps: List[Optional[str]], new_dirs: List[str]) -> None:
@@ -278,9 +290,7 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     are restored, and the result is re-hashed. An open journal is closed by this op only.
     """
     ctx.ensure_state_dir()
-    journal = read_json(ctx.path("journal.json"))
-    state = read_json(ctx.path("state.json")) or {}
-    target = args.get("snapshot") or (journal or {}).get("snapshot") or state.get("snapshot")
+    journal, target = restore_target(ctx, args.get("snapshot"))
     if not target:
         raise HelperFailure(
             "no_snapshot",
@@ -326,6 +336,23 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         "verified": len(manifest["files"]),
         "closed_journal": journal,
     }
+
+
+def restore_target(ctx: Context, chosen: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """(the open journal, the snapshot to restore): `chosen`, else the journal's, else state.json's.
+
+    The store is the truth: with a snapshot chosen, a damaged state.json or journal.json is no
+    obstacle (the journal is closed like any other and state.json rewritten); without one, a
+    damaged record is refused by name with the snapshots to choose from.
+    """
+    journal, journal_damage = read_record_or_damage(ctx, "journal.json")
+    state, state_damage = read_record_or_damage(ctx, "state.json")
+    damage = journal_damage or (state_damage if journal is None else None)
+    if damage is not None and not chosen:
+        raise damaged_failure(damage, known=[s["id"] for s in list_summaries(ctx)[-10:]])
+    if journal_damage is not None:
+        journal = {"op": "unknown", "snapshot": None, "damaged": journal_damage["path"]}
+    return journal, chosen or (journal or {}).get("snapshot") or (state or {}).get("snapshot")
 
 
 def restore_plan(

@@ -86,6 +86,7 @@ class ServiceStatus(BaseModel):
     pid: int | None = None
     pids: list[int] = Field(default_factory=list)
     argv: list[str] | None = None
+    started: float | None = Field(default=None, description="when the helper started it (None: unknown, systemd)")
     port: int
     listening: bool
     port_owners: list[PortOwner] = Field(default_factory=list)

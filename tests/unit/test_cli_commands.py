@@ -37,7 +37,7 @@ def imported_by(*argv: str, cwd: Path = REPO) -> set[str]:
 
 def test_every_command_and_group_is_registered() -> None:
     names = {c.name for c in app.registered_commands} | {g.name for g in app.registered_groups}
-    assert names == {"status", "push", "rollback", "restart", "stop", "play", "diff", "snapshots", "prune",
+    assert names == {"status", "push", "rollback", "restart", "stop", "play", "diff", "adopt", "snapshots", "prune",
                      "history", "abi", "logs", "unlock", "overlay", "bench"}
 
 

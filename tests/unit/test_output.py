@@ -16,10 +16,10 @@ from ddtree_deploy import output as out
 from ddtree_deploy.commands import _play, diff, status
 from ddtree_deploy.commands._host_status import HostStatus
 from ddtree_deploy.fleet import ErrorInfo, FleetReport, HostRow
+from ddtree_deploy.hostrun import StepOutcome
 from ddtree_deploy.inventory import load_inventory
 from ddtree_deploy.playbook import PlaybookReport
 from ddtree_deploy.remote.drift import DriftEntry, DriftReport
-from ddtree_deploy.steps import StepOutcome
 from ddtree_deploy.transport import LocalTransport
 from sandbox.hosts import SandboxHost
 

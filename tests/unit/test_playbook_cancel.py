@@ -9,8 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 from ddtree_deploy import playbook, steps
+from ddtree_deploy.hostrun import HostRun, NoArgs, RunOptions, StepDef, StepOutcome
 from ddtree_deploy.inventory import HostSpec
-from ddtree_deploy.steps import HostRun, NoArgs, RunOptions, StepDef, StepOutcome
 from ddtree_deploy.transport import LocalTransport
 
 
