@@ -48,7 +48,7 @@ def host_status(transport: Transport) -> HostStatus:
     deployed, lock = state.deployed, state.lock
     overlay = deployed.label if deployed else None
     notes = _state_notes(state, transport.host.name)
-    drifted = _overlay_drift_note(transport, overlay) if overlay and not state.journal else None
+    drifted = _overlay_drift_note(transport, overlay) if overlay and not (state.journal or state.damaged) else None
     if drifted:
         notes.append(drifted)
     server = _server_health(transport)

@@ -29,7 +29,7 @@ def push_interrupted(env: dict[str, str], host: str, state_dir: Path, *args: str
                              "--json", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        _wait_for_slow_server(state_dir, proc)
+        wait_for_slow_server(state_dir, proc)
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
@@ -56,7 +56,7 @@ def assert_rolled_back_after_the_step(data: dict[str, Any], audit_log: Path) -> 
     assert audit["interrupted"] is True
 
 
-def _wait_for_slow_server(state_dir: Path, proc: subprocess.Popen[str]) -> None:
+def wait_for_slow_server(state_dir: Path, proc: subprocess.Popen[str]) -> None:
     """Until the restart step has started the slow server (it then waits for it to be ready)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

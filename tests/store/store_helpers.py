@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,15 @@ OVERLAYS = Path(__file__).parent / "overlays"
 SMALL_FILES = ["sglang/__init__.py", "sglang/version.py", "sglang/srt/server_args.py",
                "sglang/srt/speculative/spec_utils.py", "sglang/srt/speculative/spec_info.py",
                "sglang-0.5.17.dist-info/METADATA", "sglang-0.5.17.dist-info/RECORD"]
+
+@dataclass
+class LocalHost:
+    """A host of a local inventory: the inventory file, its package root, a transport to its helper."""
+
+    inventory: Path
+    site: Path
+    transport: LocalTransport
+
 
 def tree_state(root: Path) -> dict[str, Any]:
     """(sha256, mode) of every file, and mode of every folder, of sglang/ and its dist-info (__pycache__ skipped)."""

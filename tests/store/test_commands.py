@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
-import yaml
 from store_helpers import OVERLAYS, local_transport, tree_state
 from typer.testing import CliRunner
 
@@ -36,14 +34,6 @@ def app() -> typer.Typer:
 def run(*args: str) -> tuple[int, dict[str, Any], str]:
     result = CliRunner().invoke(app(), list(args), catch_exceptions=False)
     return result.exit_code, json.loads(result.stdout), result.stderr
-
-
-@pytest.fixture
-def inventory(site: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "inventory.yaml"
-    host = {"transport": "local", "python": sys.executable, "package_root": str(site), "state_dir": str(tmp_path / "state")}
-    path.write_text(yaml.safe_dump({"hosts": {"sbx": host}}))
-    return path
 
 
 def test_overlay_list_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
