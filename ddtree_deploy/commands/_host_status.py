@@ -69,7 +69,7 @@ def _state_notes(state: HostState, host: str) -> list[str]:
     notes = [f"{d.path} is damaged ({d.error}): `ddtree-deploy rollback --host {host} --to SNAPSHOT` restores a "
              f"snapshot and rewrites it (`ddtree-deploy snapshots --host {host}` lists them)" for d in state.damaged]
     if state.journal:
-        notes.append("open journal: an operation was interrupted; run `ddtree-deploy rollback`")
+        notes.append(f"open journal: an operation was interrupted; run `ddtree-deploy rollback --host {host}`")
     if state.deployed and state.deployed.unverified:
         notes.append(f"{state.deployed.label} was applied but never verified (the push that applied it did not "
                      f"finish its probes): push it again to restart and probe it, or `ddtree-deploy rollback "

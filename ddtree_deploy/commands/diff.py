@@ -81,7 +81,7 @@ def _render(report: FleetReport[DriftReport]) -> None:
         against = f"snapshot {drift.baseline}" + (f" + {drift.overlay}" if drift.overlay else "")
         if drift.journal_open:
             out.console.print(f"[bold]{row.host}[/]: [red]open journal[/]: an operation was interrupted; "
-                          "run `ddtree-deploy rollback`")
+                          f"run `ddtree-deploy rollback --host {row.host}`")
         if drift.baseline is None:
             out.console.print(f"[bold]{row.host}[/]: nothing deployed yet, nothing to compare")
         elif drift.clean:

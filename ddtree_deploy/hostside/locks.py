@@ -123,7 +123,7 @@ def refuse_if_busy(ctx: Context) -> None:
             "journal_open",
             "an interrupted %s (snapshot %s) left an open journal"
             % (journal.get("op"), journal.get("snapshot")),
-            "run `ddtree-deploy rollback` to restore snapshot %s" % journal.get("snapshot"),
+            "run `ddtree-deploy rollback --host HOST` to restore snapshot %s" % journal.get("snapshot"),
             journal=journal,
         )
     held = read_lock(ctx)
