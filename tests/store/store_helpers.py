@@ -42,6 +42,14 @@ class LocalHost:
     transport: LocalTransport
 
 
+def only_result(out: Any) -> dict[str, Any]:
+    """The one host row's result of a fleet command's `--json` envelope (a `CliOutcome`)."""
+    (row,) = out.json["data"]["hosts"]
+    assert row["error"] is None, row
+    result: dict[str, Any] = row["result"]
+    return result
+
+
 def tree_state(root: Path) -> dict[str, Any]:
     """(sha256, mode) of every file, and mode of every folder, of sglang/ and its dist-info (__pycache__ skipped)."""
     out: dict[str, Any] = {}

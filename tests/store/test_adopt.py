@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from store_helpers import OVERLAYS, LocalHost, run_and_kill, tree_state
+from store_helpers import OVERLAYS, LocalHost, only_result, run_and_kill, tree_state
 
 from ddtree_deploy.output import ExitCode
 from ddtree_deploy.protocol import DeployedState, LockController
@@ -23,13 +23,6 @@ SERVER_ARGS = "sglang/srt/server_args.py"  # patched by mini@0.1.0
 EDIT = "# hand edit on the host\n"
 
 Cli = Callable[..., Any]
-
-
-def only_result(out: Any) -> dict[str, Any]:
-    (row,) = out.json["data"]["hosts"]
-    assert row["error"] is None, row
-    result: dict[str, Any] = row["result"]
-    return result
 
 
 def on(host: LocalHost, cli: Cli) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_helpers import OVERLAYS, LocalHost, make_ctx, tree_state
+from store_helpers import OVERLAYS, LocalHost, make_ctx, only_result, tree_state
 
 from ddtree_deploy.hostside import drift, store
 from ddtree_deploy.hostside.common import HelperFailure
@@ -21,13 +21,6 @@ from ddtree_deploy.remote import locks
 
 Cli = Callable[..., Any]
 DAMAGED = {"state.json": b'{"overlay": "mini", "version": "0.1', "journal.json": b'{"op": "apply", "snap'}
-
-
-def only_result(out: Any) -> dict[str, Any]:
-    (row,) = out.json["data"]["hosts"]
-    assert row["error"] is None, row
-    result: dict[str, Any] = row["result"]
-    return result
 
 
 @pytest.mark.parametrize("name", sorted(DAMAGED))
