@@ -5,18 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount, FleetOptions, connecting
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._selection import Selection
+from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount, connecting
 
 
 def play_builtin(
     name: str,
+    selection: Selection,
     *,
-    host: list[str] | None,
-    group: list[str] | None,
-    all_hosts: bool,
-    inventory: str | None,
-    accept_new_host_key: bool,
     as_json: bool,
     default_all: bool = False,
     wave_size: Amount = ALL_AT_ONCE,
@@ -30,10 +26,8 @@ def play_builtin(
     `overlay` (NAME[@VERSION], looked up in `run_options["overlays_dir"]`) is the one a push deploys.
     """
     with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=default_all)
-        fleet_options = FleetOptions(accept_new_host_key=accept_new_host_key, wave_size=wave_size,
-                                     max_failures=max_failures, forks=forks)
+        inv, hosts = selection.load(default_all=default_all)
+        fleet_options = selection.fleet_options(wave_size=wave_size, max_failures=max_failures, forks=forks)
         with connecting(inv, hosts, name, fleet_options) as started:
             # Imported once the hosts are connecting: the steps and their models take longer to import
             # than a connection and a helper take to start, so the two overlap.

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._selection import Selection, fleet_command
+from ddtree_deploy.fleet import FleetReport, fan_out
 
 if TYPE_CHECKING:
     from ddtree_deploy.abi import Fingerprint
@@ -21,13 +21,10 @@ DeepOption = Annotated[
 ]
 
 
+@fleet_command()
 def abi(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
-    inventory: out.InventoryOption = None,
+    selection: Selection,
     deep: DeepOption = False,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Compare the selected hosts' python, torch/CUDA, sglang stack, driver and GPUs (default: all hosts).
@@ -39,11 +36,10 @@ def abi(
     from ddtree_deploy.commands._abi_matrix import build_matrix
 
     with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
+        inv, hosts = selection.load(default_all=True)
         with out.progress("reading fingerprints", as_json):
             work = partial(read_fingerprint, deep=deep)
-            report = fan_out(inv, hosts, "abi", work, FleetOptions(accept_new_host_key=accept_new_host_key))
+            report = fan_out(inv, hosts, "abi", work, selection.fleet_options())
         matrix = build_matrix(_columns(report))
     out.emit(matrix, as_json=as_json, human=_render, code=out.ExitCode.OK if matrix.consistent else out.ExitCode.FAILED)
 

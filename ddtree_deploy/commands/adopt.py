@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from ddtree_deploy import output as out
 from ddtree_deploy.commands._builtin import play_builtin
+from ddtree_deploy.commands._selection import Selection, fleet_command
 from ddtree_deploy.errors import UsageError
 
 
+@fleet_command(only=("host", "inventory", "accept_new_host_key"))
 def adopt(
-    host: out.HostOption = None,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    selection: Selection,
     as_json: out.JsonOption = False,
 ) -> None:
     """Make the named hosts' installed files the new baseline, once `diff --content` showed them.
@@ -20,9 +20,8 @@ def adopt(
     without the overlay. No package file changes; the server is not touched. A host with an open
     journal or another's lock is refused. Exit codes as for push.
     """
-    if not host:
+    if not selection.hosts:
         with out.errors_rendered(as_json):
             raise UsageError("adopt needs --host NAME", hint="name each host whose files `ddtree-deploy diff "
                                                             "--content --host NAME` showed you")
-    play_builtin("adopt", host=host, group=None, all_hosts=False, inventory=inventory,
-                 accept_new_host_key=accept_new_host_key, as_json=as_json)
+    play_builtin("adopt", selection, as_json=as_json)

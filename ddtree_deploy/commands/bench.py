@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ddtree_deploy import output as out
+from ddtree_deploy.commands._selection import Selection, fleet_command
 
 if TYPE_CHECKING:
     from ddtree_deploy.benchmark.sweep import BenchArgs
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
     from ddtree_deploy.playbook import PlaybookReport
 
 
+@fleet_command(only=("host", "inventory", "accept_new_host_key"))
 def bench(
-    host: out.HostOption = None,
+    selection: Selection,
     budgets: Annotated[str, typer.Option("--budgets", metavar="B,B,...", help="DDTREE tree budgets.")]
     = "16,32,64,128,256,512,1024",
     prompts: Annotated[Path | None, typer.Option(
@@ -44,8 +46,6 @@ def bench(
     max_tv: Annotated[float, typer.Option("--max-tv", min=0, help="Histograms' total-variation distance.")] = 0.05,
     results: Annotated[Path, typer.Option("--results", metavar="DIR", help="Folder for the results.")]
     = Path("bench-results"),
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Sweep DDTREE budgets (with DFLASH and plain decoding as baselines) on one host, then put it back.
@@ -63,7 +63,7 @@ def bench(
                            temperature=temperature, dflash=dflash, tree_stats=tree_stats)
         baselines = [read_baseline(spec) for spec in baseline or []]
         _make_folder(results)
-        report = _play(args, host, inventory, accept_new_host_key, as_json)
+        report = _play(args, selection, as_json)
     finish(report, results, baselines, max_accept_diff, max_tv, as_json)
 
 
@@ -129,14 +129,11 @@ def _make_folder(folder: Path) -> None:
                          hint="give --results a folder you can write") from None
 
 
-def _play(args: BenchArgs, host: list[str] | None, inventory: str | None, accept_new_host_key: bool,
-          as_json: bool) -> FleetReport[PlaybookReport]:
+def _play(args: BenchArgs, selection: Selection, as_json: bool) -> FleetReport[PlaybookReport]:
     from ddtree_deploy.errors import UsageError
-    from ddtree_deploy.fleet import FleetOptions, connecting
-    from ddtree_deploy.inventory import load_inventory, select_hosts
+    from ddtree_deploy.fleet import connecting
 
-    inv = load_inventory(inventory)
-    hosts = select_hosts(inv, names=host, groups=None, all_hosts=False)
+    inv, hosts = selection.load()
     if len(hosts) != 1:
         raise UsageError("bench measures one host at a time", hint="give exactly one --host")
     spec = hosts[0].service
@@ -144,7 +141,7 @@ def _play(args: BenchArgs, host: list[str] | None, inventory: str | None, accept
         raise UsageError(f"{hosts[0].name}: the inventory's service args set --speculative-algorithm, so the "
                          "bench cannot start plain or DFLASH servers", hint="leave the algorithm to the overlay's "
                                                                             "server.args")
-    options = FleetOptions(accept_new_host_key=accept_new_host_key)
+    options = selection.fleet_options()
     with connecting(inv, hosts, "bench", options) as started:
         from ddtree_deploy import playbook
         from ddtree_deploy.commands._play import run_playbook

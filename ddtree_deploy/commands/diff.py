@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._selection import Selection, fleet_command
+from ddtree_deploy.fleet import FleetReport, fan_out
 from ddtree_deploy.wording import plural
 
 if TYPE_CHECKING:
@@ -24,14 +24,11 @@ ContentOption = Annotated[bool, typer.Option(
     "--content", help="Show each drifted file as a unified diff against the stored contents (files up to 1 MB).")]
 
 
+@fleet_command()
 def diff(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
-    inventory: out.InventoryOption = None,
+    selection: Selection,
     deep: DeepOption = False,
     content: ContentOption = False,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Compare installed sglang files with the deployed state (base snapshot plus overlay), file by file.
@@ -45,9 +42,8 @@ def diff(
         return _with_diffs(found) if content else found
 
     with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        inv, hosts = selection.load(default_all=True)
+        options = selection.fleet_options()
         report = fan_out(inv, hosts, "diff", work, options)
     out.emit(report, as_json=as_json, human=_render, code=diff_exit_code(report))
 

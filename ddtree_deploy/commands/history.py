@@ -9,8 +9,8 @@ from pydantic import BaseModel
 
 from ddtree_deploy import history as audit
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._selection import Selection, fleet_command
+from ddtree_deploy.fleet import FleetReport, fan_out
 from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import Transport
 from ddtree_deploy.wording import moment
@@ -26,25 +26,21 @@ class HistoryReport(BaseModel):
     audit: list[dict[str, Any]]
 
 
+@fleet_command()
 def history(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
+    selection: Selection,
     lines: Annotated[int, typer.Option("-n", metavar="N", help="Events per host, and audit lines.")] = 10,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """The last operations on each selected host (default: all), and this machine's audit log."""
     with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
+        inv, hosts = selection.load(default_all=True)
 
         def work(t: Transport) -> HostHistory:
             return HostHistory(host=t.host.name, events=locks.state(t, history=lines).history)
 
         report = HistoryReport(
-            hosts=fan_out(inv, hosts, "history", work, FleetOptions(accept_new_host_key=accept_new_host_key)),
+            hosts=fan_out(inv, hosts, "history", work, selection.fleet_options()),
             audit=audit.read(lines),
         )
     out.emit(report, as_json=as_json, human=_render,

@@ -8,24 +8,22 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from ddtree_deploy import output as out
+from ddtree_deploy.commands._selection import Selection, fleet_command
 from ddtree_deploy.errors import UsageError
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out, operator
-from ddtree_deploy.inventory import HostSpec, Inventory, load_inventory, select_hosts
+from ddtree_deploy.fleet import FleetReport, fan_out, operator
+from ddtree_deploy.inventory import HostSpec, Inventory
 from ddtree_deploy.transport import Transport, transport_for
 
 if TYPE_CHECKING:
     from ddtree_deploy.remote.service import LogChunk
 
 
+@fleet_command()
 def logs(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
+    selection: Selection,
     lines: Annotated[int, typer.Option("--lines", "-n", min=0, metavar="N", help="How many of the last lines to show.")] = 40,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until Ctrl-C.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.1, metavar="SECONDS", help="Seconds between reads with --follow.")] = 1.0,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Show the server log of the selected hosts (process log file, or the unit's journal for systemd).
@@ -38,15 +36,14 @@ def logs(
         if follow and as_json:
             raise UsageError("--follow streams text and cannot be combined with --json",
                              hint="drop --follow to get the last lines as JSON")
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
+        inv, hosts = selection.load()
         report = fan_out(inv, hosts, "logs", lambda t: service.logs(t, n=lines),
-                         FleetOptions(accept_new_host_key=accept_new_host_key))
+                         selection.fleet_options())
     code = out.ExitCode.FAILED if report.failed else out.ExitCode.OK
     if not follow:
         out.emit(report, as_json=as_json, human=_render, code=code)
     _render(report)
-    _follow(inv, hosts, report, interval, accept_new_host_key)
+    _follow(inv, hosts, report, interval, selection.accept_new_host_key)
 
 
 def _render(report: FleetReport[LogChunk]) -> None:

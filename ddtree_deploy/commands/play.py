@@ -8,16 +8,14 @@ from typing import Annotated
 import typer
 
 from ddtree_deploy import output as out
+from ddtree_deploy.commands._selection import Selection, fleet_command
 from ddtree_deploy.commands.push import OverlaysDirOption
-from ddtree_deploy.fleet import FleetOptions
-from ddtree_deploy.inventory import load_inventory, select_hosts
 
 
+@fleet_command()
 def play(
     file: Annotated[str, typer.Argument(metavar="FILE", help="Playbook YAML, or the name of a built-in (push, rollback, restart).")],
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
+    selection: Selection,
     overlay: Annotated[str | None, typer.Option("--overlay", "-o", metavar="NAME[@VERSION]",
                                                 help="Overlay for plan and apply steps.")] = None,
     overlays: OverlaysDirOption = None,
@@ -26,8 +24,6 @@ def play(
     no_rollback: Annotated[bool, typer.Option("--no-rollback", help="Skip on_failure: leave the host as it failed.")]
     = False,
     to: Annotated[str | None, typer.Option("--to", metavar="SNAPSHOT", help="Snapshot id for restore steps.")] = None,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Run a playbook's steps on the selected hosts; unknown steps or arguments are refused before any host is touched."""
@@ -38,11 +34,10 @@ def play(
 
     with out.errors_rendered(as_json):
         book = playbook.load_playbook(Path(file)) if Path(file).exists() else playbook.builtin(file)
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts)
+        inv, hosts = selection.load()
         the_overlay = load_overlay(overlay, overlays_path(overlays)) if overlay else None
         options = RunOptions(overlay=the_overlay.label if the_overlay else None, overlays_dir=overlays,
                              dry_run=dry_run, force=force, no_rollback=no_rollback, to_snapshot=to)
         report = run_playbook(inv, hosts, book, options, the_overlay,
-                              FleetOptions(accept_new_host_key=accept_new_host_key), as_json=as_json)
+                              selection.fleet_options(), as_json=as_json)
     out.emit(report, as_json=as_json, human=render, code=exit_code(report))

@@ -8,6 +8,7 @@ import typer
 
 from ddtree_deploy import output as out
 from ddtree_deploy.commands._builtin import play_builtin
+from ddtree_deploy.commands._selection import Selection, fleet_command
 from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount
 
 OverlayOption = Annotated[str, typer.Option("--overlay", "-o", metavar="NAME[@VERSION]",
@@ -26,10 +27,9 @@ MaxFailOption = Annotated[Amount | None, typer.Option(
 ForksOption = Annotated[int, typer.Option("--forks", min=1, metavar="N", help="Hosts at once within a wave.")]
 
 
+@fleet_command()
 def push(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
+    selection: Selection,
     overlay: OverlayOption = "ddtree",
     overlays: OverlaysDirOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan as a diff; change nothing.")] = False,
@@ -38,8 +38,6 @@ def push(
     wave_size: WaveOption = ALL_AT_ONCE,
     max_failures: MaxFailOption = None,
     forks: ForksOption = DEFAULT_FORKS,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Deploy an overlay to the selected hosts, in parallel; any failure after the snapshot rolls back.
@@ -51,7 +49,6 @@ def push(
     and rolled back with the host healthy; 2 bad input; 3 a host is left unhealthy, locked or with an
     open journal.
     """
-    play_builtin("push", host=host, group=group, all_hosts=all_hosts, inventory=inventory,
-                 accept_new_host_key=accept_new_host_key, as_json=as_json, wave_size=wave_size,
+    play_builtin("push", selection, as_json=as_json, wave_size=wave_size,
                  max_failures=max_failures, forks=forks, overlay=overlay, overlays_dir=overlays, dry_run=dry_run, force=force,
                  no_rollback=no_rollback)

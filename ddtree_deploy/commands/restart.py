@@ -6,25 +6,18 @@ from collections.abc import Callable
 
 from ddtree_deploy import output as out
 from ddtree_deploy.commands._builtin import play_builtin
+from ddtree_deploy.commands._selection import Selection, fleet_command
 
 
 def _builtin_playbook_command(name: str, doc: str) -> Callable[..., None]:
     """A command that plays the built-in playbook `name` on the selected hosts, with no options of its own."""
 
-    def command(
-        host: out.HostOption = None,
-        group: out.GroupOption = None,
-        all_hosts: out.AllOption = False,
-        inventory: out.InventoryOption = None,
-        accept_new_host_key: out.AcceptNewHostKeyOption = False,
-        as_json: out.JsonOption = False,
-    ) -> None:
-        play_builtin(name, host=host, group=group, all_hosts=all_hosts, inventory=inventory,
-                     accept_new_host_key=accept_new_host_key, as_json=as_json)
+    def command(selection: Selection, as_json: out.JsonOption = False) -> None:
+        play_builtin(name, selection, as_json=as_json)
 
     command.__doc__ = doc
     command.__name__ = name
-    return command
+    return fleet_command()(command)
 
 
 restart = _builtin_playbook_command(

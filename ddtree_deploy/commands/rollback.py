@@ -8,18 +8,16 @@ import typer
 
 from ddtree_deploy import output as out
 from ddtree_deploy.commands._builtin import play_builtin
+from ddtree_deploy.commands._selection import Selection, fleet_command
 from ddtree_deploy.commands.push import OverlaysDirOption
 
 
+@fleet_command()
 def rollback(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
+    selection: Selection,
     to: Annotated[str | None, typer.Option("--to", metavar="SNAPSHOT", help="Snapshot id (default: the one the overlay sits on).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Restore across a changed torch/CUDA/python.")] = False,
     overlays: OverlaysDirOption = None,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Put each selected host's package back as a snapshot recorded it (say which: --host, --group or --all).
@@ -28,6 +26,5 @@ def rollback(
     damaged state.json or journal.json only --to says what to restore (the restore rewrites them).
     Exit codes as for push; an unknown --to snapshot is bad input (2) and touches nothing.
     """
-    play_builtin("rollback", host=host, group=group, all_hosts=all_hosts, inventory=inventory,
-                 accept_new_host_key=accept_new_host_key, as_json=as_json,
+    play_builtin("rollback", selection, as_json=as_json,
                  to_snapshot=to, force=force, overlays_dir=overlays)

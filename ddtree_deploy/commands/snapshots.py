@@ -6,19 +6,16 @@ import time
 from typing import TYPE_CHECKING
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._selection import Selection, fleet_command
+from ddtree_deploy.fleet import FleetReport, fan_out
 
 if TYPE_CHECKING:
     from ddtree_deploy.remote.store import HostSnapshots
 
 
+@fleet_command()
 def snapshots(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    selection: Selection,
     as_json: out.JsonOption = False,
 ) -> None:
     """List the snapshots on the selected hosts (default: all), oldest first; `*` marks the rollback target.
@@ -28,9 +25,8 @@ def snapshots(
     from ddtree_deploy.remote import store
 
     with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        inv, hosts = selection.load(default_all=True)
+        options = selection.fleet_options()
         report = fan_out(inv, hosts, "snapshots", store.snapshots, options)
     out.emit(report, as_json=as_json, human=_render, code=out.ExitCode.FAILED if report.failed else out.ExitCode.OK)
 

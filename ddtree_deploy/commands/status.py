@@ -6,19 +6,16 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, connecting, fan_out
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._selection import Selection, fleet_command
+from ddtree_deploy.fleet import FleetReport, connecting, fan_out
 
 if TYPE_CHECKING:
     from ddtree_deploy.commands._host_status import HostStatus
 
 
+@fleet_command()
 def status(
-    host: out.HostOption = None,
-    group: out.GroupOption = None,
-    all_hosts: out.AllOption = False,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
+    selection: Selection,
     as_json: out.JsonOption = False,
 ) -> None:
     """Show every selected host (default: all): reachable, python, sglang, torch/CUDA, overlay, lock, server.
@@ -28,9 +25,8 @@ def status(
     server is unhealthy.
     """
     with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host, groups=group, all_hosts=all_hosts, default_all=True)
-        options = FleetOptions(accept_new_host_key=accept_new_host_key)
+        inv, hosts = selection.load(default_all=True)
+        options = selection.fleet_options()
         with connecting(inv, hosts, "status", options) as started:
             from ddtree_deploy.commands._host_status import host_status  # imported while the hosts connect
 

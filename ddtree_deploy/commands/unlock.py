@@ -8,8 +8,8 @@ import typer
 from pydantic import BaseModel
 
 from ddtree_deploy import output as out
-from ddtree_deploy.fleet import FleetOptions, FleetReport, fan_out
-from ddtree_deploy.inventory import load_inventory, select_hosts
+from ddtree_deploy.commands._selection import Selection, fleet_command
+from ddtree_deploy.fleet import FleetReport, fan_out
 from ddtree_deploy.protocol import LockRecord
 from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import Transport
@@ -20,22 +20,20 @@ class Unlocked(BaseModel):
     released: LockRecord | None
 
 
+@fleet_command(only=("host", "inventory", "accept_new_host_key"))
 def unlock(
-    host: out.HostOption = None,
+    selection: Selection,
     force: Annotated[bool, typer.Option("--force", help="Release a lock held by someone else.")] = False,
-    inventory: out.InventoryOption = None,
-    accept_new_host_key: out.AcceptNewHostKeyOption = False,
     as_json: out.JsonOption = False,
 ) -> None:
     """Release the lock of the named hosts (only your own, unless --force; forced releases go to the host's history)."""
     with out.errors_rendered(as_json):
-        inv = load_inventory(inventory)
-        hosts = select_hosts(inv, names=host)
+        inv, hosts = selection.load()
 
         def work(t: Transport) -> Unlocked:
             return Unlocked(host=t.host.name, released=locks.unlock(t, force=force))
 
-        report = fan_out(inv, hosts, "unlock", work, FleetOptions(accept_new_host_key=accept_new_host_key))
+        report = fan_out(inv, hosts, "unlock", work, selection.fleet_options())
     out.emit(report, as_json=as_json, human=_render, code=out.ExitCode.FAILED if report.failed else out.ExitCode.OK)
 
 
