@@ -17,6 +17,11 @@ Two model pairs, built in-process (nothing is downloaded):
   context at every depth, so repeated prompts are drafted right, and on alternating prompts
   (second quarter) its top two tokens nearly tie: there a tree beats the chain.
 
+At T > 0 (``Sampler(temperature, generator)``) the target's pick at every tree node is an
+independent draw from softmax(logits / T), the walk follows the child holding it (DDTREE.md),
+and ``sample_generate`` is plain sampling, one forward per token, many rows at once; a ``walk``
+argument replaces the reference walk (the tests plant wrong rules with it).
+
 Run ``python overlays/ddtree/tools/ddtree_cpu_decode.py`` to print acceptance lengths per
 budget against a chain (budget = L, rank-0 children only); ``--json FILE [--pair copy]
 [--budgets 16,64]`` writes one pair's decodes in the online bench's JSON schema instead. It runs
@@ -26,6 +31,7 @@ install it first).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -33,7 +39,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
@@ -52,8 +58,12 @@ FEATURE_LAYER = 2
 Drafter = Callable[[List[int], torch.Tensor], torch.Tensor]
 # A pair is a target and a drafter factory taking (prompt, the target's greedy continuation).
 Pair = Tuple[Qwen3ForCausalLM, Callable[[List[int], List[int]], Drafter]]
+# A walk maps (the round's tree batch of one request, the target's logits at [root] + nodes [n + 1, V],
+# the draft logits [L, V]) to the accepted node indices from the root [1 + accepted] and the next token.
+Walk = Callable[[Any, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, int]]
 
 
+@functools.lru_cache(maxsize=None)  # resolving a version runs GNU patch: once per process, not per decode
 def load_ddtree_utils(spec: str = "ddtree") -> ModuleType:
     """Import the ddtree_utils.py that version ``spec`` lands (default: the newest), resolved through
     ``inherits`` and ``edits`` by ddtree-deploy's own loader: one module per version, no sglang needed."""
@@ -172,33 +182,76 @@ def _forward(
     cache: DynamicCache,
     mask: torch.Tensor | None = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One row: ids and positions [n]; returns logits [n, V] and the drafter's features [n, H]."""
+    logits, features = _forward_rows(target, ids[None], positions[None], cache, mask)
+    return logits[0], features[0]
+
+
+def _forward_rows(
+    target: Qwen3ForCausalLM,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    cache: DynamicCache,
+    mask: torch.Tensor | None = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rows of equal length: ids [rows, n], positions [1, n] (shared) or [rows, n]."""
     past = cache.get_seq_length()
     with warnings.catch_warnings():  # past_key_values: renamed in transformers 5.x, kept for 4.56+
         warnings.simplefilter("ignore", FutureWarning)
         out = target(
-            input_ids=ids[None],
-            position_ids=positions[None],
+            input_ids=ids,
+            position_ids=positions.expand(ids.shape[0], -1),
             attention_mask=mask,
             past_key_values=cache,
-            cache_position=torch.arange(past, past + ids.shape[0]),
+            cache_position=torch.arange(past, past + ids.shape[1]),
             use_cache=True,
             output_hidden_states=True,
         )
-    return out.logits[0], out.hidden_states[FEATURE_LAYER][0]
+    return out.logits, out.hidden_states[FEATURE_LAYER]
+
+
+@dataclass
+class Sampler:
+    """The target's pick from logits [..., V]: the argmax at temperature 0, else an independent draw
+    from softmax(logits / temperature) for every row (every position, every tree node)."""
+
+    temperature: float = 0.0
+    generator: Optional[torch.Generator] = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.temperature <= 0.0:
+            return logits.argmax(-1)
+        probs = self.probs(logits.reshape(-1, logits.shape[-1]))
+        return torch.multinomial(probs, 1, generator=self.generator).view(logits.shape[:-1])
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """softmax(logits / temperature) in float64 (T > 0)."""
+        return torch.softmax(logits.double() / self.temperature, dim=-1)
+
+
+GREEDY = Sampler()
 
 
 @torch.no_grad()
 def greedy_generate(target: Qwen3ForCausalLM, prompt: Sequence[int], max_new_tokens: int) -> List[int]:
     """The target's own greedy tokens, one forward per token."""
+    return sample_generate(target, prompt, max_new_tokens, GREEDY)[0]
+
+
+@torch.no_grad()
+def sample_generate(
+    target: Qwen3ForCausalLM, prompt: Sequence[int], max_new_tokens: int, sampler: Sampler, rows: int = 1
+) -> List[List[int]]:
+    """Plain decoding, one forward per token: ``rows`` continuations of one prompt at once."""
     cache = DynamicCache()
-    ids = torch.tensor(prompt)
-    logits, _ = _forward(target, ids, torch.arange(len(prompt)), cache)
-    tokens = [int(logits[-1].argmax())]
-    while len(tokens) < max_new_tokens:
-        position = torch.tensor([len(prompt) + len(tokens) - 1])
-        logits, _ = _forward(target, torch.tensor(tokens[-1:]), position, cache)
-        tokens.append(int(logits[-1].argmax()))
-    return tokens
+    ids = torch.tensor(prompt).expand(rows, -1)
+    logits, _ = _forward_rows(target, ids, torch.arange(len(prompt))[None], cache)
+    tokens = sampler(logits[:, -1])[:, None]
+    while tokens.shape[1] < max_new_tokens:
+        position = torch.tensor([[len(prompt) + tokens.shape[1] - 1]])
+        logits, _ = _forward_rows(target, tokens[:, -1:], position, cache)
+        tokens = torch.cat([tokens, sampler(logits[:, -1])[:, None]], dim=1)
+    return tokens.tolist()
 
 
 def _keep_accepted(cache: DynamicCache, start: int, accepted: torch.Tensor) -> None:
@@ -209,6 +262,19 @@ def _keep_accepted(cache: DynamicCache, start: int, accepted: torch.Tensor) -> N
             setattr(layer, name, torch.cat([kv[:, :, :start], kv[:, :, start + accepted]], dim=2))
 
 
+def reference_walk(sampler: Sampler) -> Walk:
+    """DDTREE.md's walk: the target's pick at every node, then from the root follow the child that
+    holds the pick; the pick at the last accepted node is the next token."""
+
+    def walk(tree: Any, logits: torch.Tensor, draft_logits: torch.Tensor) -> Tuple[torch.Tensor, int]:
+        picks = sampler(logits)
+        accept_lengths, path = load_ddtree_utils().follow_verified_tree_batch(tree, picks[None])
+        accepted = path[0, : int(accept_lengths[0])]
+        return accepted, int(picks[accepted[-1]])
+
+    return walk
+
+
 @torch.no_grad()
 def ddtree_generate(
     target: Qwen3ForCausalLM,
@@ -217,12 +283,16 @@ def ddtree_generate(
     max_new_tokens: int,
     budget: int,
     chain: bool = False,
+    sampler: Sampler = GREEDY,
+    walk: Optional[Walk] = None,
 ) -> Decoded:
-    """Speculative decoding with DDTree (or, with ``chain``, the DFlash chain: top-1 per depth)."""
+    """Speculative decoding with DDTree (or, with ``chain``, the DFlash chain: top-1 per depth);
+    ``sampler`` picks the target's tokens, ``walk`` (default ``reference_walk(sampler)``) accepts."""
     dd = load_ddtree_utils()
+    walk = walk or reference_walk(sampler)
     cache = DynamicCache()
     logits, features = _forward(target, torch.tensor(prompt), torch.arange(len(prompt)), cache)
-    out = Decoded(tokens=[int(logits[-1].argmax())])
+    out = Decoded(tokens=[int(sampler(logits[-1]))])
     while len(out.tokens) < max_new_tokens:
         start = cache.get_seq_length()  # the bonus token's position
         bonus = out.tokens[-1]
@@ -240,13 +310,11 @@ def ddtree_generate(
         logits, node_features = _forward(
             target, ids, dd.tree_positions(tree, start)[0], cache, mask
         )
-        picks = logits.argmax(-1)
-        accept_lengths, path = dd.follow_verified_tree_batch(tree, picks[None])
-        accepted = path[0, : int(accept_lengths[0])]
+        accepted, next_token = walk(tree, logits, draft_logits)
         _keep_accepted(cache, start, accepted)
         features = torch.cat([features, node_features[accepted]])
-        out.tokens += ids[accepted[1:]].tolist() + [int(picks[accepted[-1]])]
-        out.accept_lengths.append(int(accept_lengths[0]))
+        out.tokens += ids[accepted[1:]].tolist() + [next_token]
+        out.accept_lengths.append(int(accepted.shape[0]))
     out.tokens = out.tokens[:max_new_tokens]
     return out
 
