@@ -92,7 +92,8 @@ def test_from_outside_the_checkout_it_lists_pushes_and_rolls_back(venv: Path, ou
     (builtin,) = listed["data"]["folders"]
     assert builtin["origin"] == "built-in" and Path(builtin["path"]).is_relative_to(venv)
     chain = {row["version"]: row["inherits"] for row in listed["data"]["overlays"] if row["name"] == "ddtree"}
-    assert chain == {"0.1.0": None, "0.2.0": "0.1.0", "0.2.1": "0.2.0", "0.2.2": "0.2.1", "0.3.0-rc.1": "0.2.2"}
+    assert chain == {"0.1.0": None, "0.2.0": "0.1.0", "0.2.1": "0.2.0", "0.2.2": "0.2.1", "0.3.0-rc.1": "0.2.2",
+                     "0.3.0-rc.2": "0.3.0-rc.1"}
 
     fleet = Fleet(root=outside, inventory=host_fleet, overlays=outside, env={})
     package_root = fleet.package_root

@@ -63,19 +63,24 @@ Pair = Tuple[Qwen3ForCausalLM, Callable[[List[int], List[int]], Drafter]]
 Walk = Callable[[Any, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, int]]
 
 
-@functools.lru_cache(maxsize=None)  # resolving a version runs GNU patch: once per process, not per decode
 def load_ddtree_utils(spec: str = "ddtree") -> ModuleType:
-    """Import the ddtree_utils.py that version ``spec`` lands (default: the newest), resolved through
-    ``inherits`` and ``edits`` by ddtree-deploy's own loader: one module per version, no sglang needed."""
+    """Import the ddtree_utils.py that version ``spec`` lands (default: the newest release), resolved
+    through ``inherits`` and ``edits`` by ddtree-deploy's own loader: one module per version, no sglang needed."""
+    return load_overlay_module(spec, DDTREE_UTILS)
+
+
+@functools.lru_cache(maxsize=None)  # resolving a version runs GNU patch: once per process, not per decode
+def load_overlay_module(spec: str, path: str) -> ModuleType:
+    """Import the torch-only module at ``path`` (inside the sglang package) as version ``spec`` lands it."""
     from ddtree_deploy.catalog import load_overlay
 
     overlay = load_overlay(spec, OVERLAYS)
-    name = "ddtree_utils_" + re.sub(r"\W", "_", overlay.version)
+    name = re.sub(r"\W", "_", f"{Path(path).stem}_{overlay.version}")
     if name not in sys.modules:
         module = ModuleType(name)
-        module.__file__ = f"{overlay.label}:{DDTREE_UTILS}"
+        module.__file__ = f"{overlay.label}:{path}"
         sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-        exec(compile(overlay.content_of(DDTREE_UTILS, None), module.__file__, "exec"), module.__dict__)
+        exec(compile(overlay.content_of(path, None), module.__file__, "exec"), module.__dict__)
     return sys.modules[name]
 
 
