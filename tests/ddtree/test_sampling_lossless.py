@@ -28,7 +28,6 @@ N_PLAIN = 4000
 N_TREE = 1000
 N_PLANTED = 200
 P_MIN = 1e-3  # a lossless method must pass at every position, a planted wrong rule must fail somewhere
-MIN_POOLED = 20  # tokens drawn fewer times than this in both samples together share one bin
 STRENGTHS = (6.0, 5.6, 5.2, 4.5)  # logits of each token's four successors, before the temperature
 
 
@@ -90,26 +89,6 @@ def rejection_walk(tool: ModuleType, draft_temperature: float) -> Callable[[Any]
     return walk_for
 
 
-def chi_square(a: list[int], b: list[int]) -> tuple[float, int, float]:
-    """Two-sample chi-square test of homogeneity of two samples of tokens: (statistic, df, p-value).
-    Rare tokens share one bin, dropped if that bin is rare too."""
-    pooled = torch.bincount(torch.tensor(a + b))
-    keep = (pooled >= MIN_POOLED).nonzero().flatten()
-
-    def counts(sample: list[int]) -> torch.Tensor:
-        c = torch.bincount(torch.tensor(sample), minlength=pooled.numel()).double()
-        return torch.cat([c[keep], (c.sum() - c[keep].sum()).view(1)])
-
-    table = torch.stack([counts(a), counts(b)])
-    if table[:, -1].sum() < MIN_POOLED:
-        table = table[:, :-1]
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    statistic = float(((table - expected) ** 2 / expected).sum())
-    df = table.shape[1] - 1
-    p_value = torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(statistic / 2))
-    return statistic, df, float(p_value)
-
-
 @pytest.fixture(scope="module")
 def pair(decode_tool: ModuleType) -> tuple[Any, Any]:
     return markov_pair(decode_tool)
@@ -138,11 +117,12 @@ def tree_samples(tool: ModuleType, pair: tuple[Any, Any], method: str, n: int, w
     return rows, sum(accepts) / len(accepts)
 
 
-def compare(label: str, rows: list[list[int]], plain: list[list[int]], accept: float) -> list[float]:
+def compare(tool: ModuleType, label: str, rows: list[list[int]], plain: list[list[int]],
+            accept: float) -> list[float]:
     """Print the chi-square of every position against plain sampling; return the p-values."""
     p_values = []
     for position in range(POSITIONS):
-        statistic, df, p_value = chi_square([r[position] for r in rows], [r[position] for r in plain])
+        statistic, df, p_value = tool.chi_square([r[position] for r in rows], [r[position] for r in plain])
         print(f"{label}: position {position + 1}: chi2 {statistic:.2f}, df {df}, p {p_value:.3g}")
         p_values.append(p_value)
     print(f"{label}: {len(rows)} continuations, mean acceptance length {accept:.2f}")
@@ -156,7 +136,7 @@ def test_tree_sampling_follows_the_targets_distribution(decode_tool: ModuleType,
                                                        seed: int) -> None:
     rows, accept = tree_samples(decode_tool, pair, method, n, seed=seed)
     assert accept > 1.5, "the trees must accept nodes, or the test only compares plain samples"
-    p_values = compare(method, rows, plain, accept)
+    p_values = compare(decode_tool, method, rows, plain, accept)
     assert min(p_values) > P_MIN, p_values
 
 
@@ -169,7 +149,7 @@ def test_the_drafts_temperature_changes_the_tree_not_the_distribution(
     target, draft = pair
     at_request_t = (target, lambda tokens, features: draft(tokens, features) / TEMPERATURE)
     rows, accept = tree_samples(decode_tool, at_request_t, "ddtree@16", N_TREE // 2, seed=3)
-    p_values = compare("ddtree@16, draft at the request's T", rows, plain, accept)
+    p_values = compare(decode_tool, "ddtree@16, draft at the request's T", rows, plain, accept)
     assert min(p_values) > P_MIN, p_values
 
 
@@ -178,5 +158,5 @@ def test_a_planted_rejection_rule_fails_the_same_test(decode_tool: ModuleType, p
                                                      plain: list[list[int]], draft_temperature: float) -> None:
     rows, accept = tree_samples(decode_tool, pair, "ddtree@16", N_PLANTED,
                                 rejection_walk(decode_tool, draft_temperature), seed=2)
-    p_values = compare(f"planted min(1, p/q), draft at T={draft_temperature:g}", rows, plain, accept)
+    p_values = compare(decode_tool, f"planted min(1, p/q), draft at T={draft_temperature:g}", rows, plain, accept)
     assert min(p_values) < P_MIN, p_values

@@ -12,8 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.ddtree.test_sampling_lossless import chi_square
-
 SPEC = "ddtree@0.3.0-rc.2"
 SAMPLING = "sglang/srt/speculative/ddtree_sampling.py"
 TOP_K_ALL = 1 << 30  # sampling_params.py: top_k unset
@@ -183,7 +181,7 @@ def gumbel_max(probs: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return (probs.float() / q).argmax(dim=-1, keepdim=True)
 
 
-def test_sampling_the_top_k_gives_the_dense_distribution(sampling: ModuleType) -> None:
+def test_sampling_the_top_k_gives_the_dense_distribution(sampling: ModuleType, decode_tool: ModuleType) -> None:
     """fast_sample over a node's top-k probabilities, mapped through their tokens, against fast_sample
     over SGLang's dense probabilities of the same node (two-sample chi-square, 20000 draws each)."""
     info = batch_info([12, 12, 12], [0.9, 0.9, 0.9])
@@ -196,7 +194,7 @@ def test_sampling_the_top_k_gives_the_dense_distribution(sampling: ModuleType) -
     g = torch.Generator().manual_seed(4)
     from_top_k = tokens[row].gather(0, gumbel_max(probs[row].expand(draws, -1), g).view(-1))
     from_dense = gumbel_max(dense[row].expand(draws, -1), g).view(-1)
-    statistic, df, p_value = chi_square(from_top_k.tolist(), from_dense.tolist())
+    statistic, df, p_value = decode_tool.chi_square(from_top_k.tolist(), from_dense.tolist())
     print(f"top-k vs dense fast_sample: chi2 {statistic:.2f}, df {df}, p {p_value:.3g}")
     assert p_value > 1e-3
     assert set(from_top_k.tolist()) <= set(dense[row].nonzero().view(-1).tolist())

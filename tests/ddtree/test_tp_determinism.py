@@ -13,6 +13,7 @@ import socket
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -112,7 +113,7 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, object]]]:
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, Any]]]:
     """Both ranks' results, from one spawn of two gloo processes."""
     overlay = load_overlay(SPEC, OVERLAYS)
     sources = {f"ddtree_{Path(p).stem}_rank": overlay.content_of(p, None) for p in (DDTREE_UTILS, TP_MODULE)}
@@ -122,24 +123,24 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[list[dict[str, objec
 
 
 def test_both_ranks_build_the_same_trees_from_the_same_logits(
-        ranks: list[list[dict[str, object]]], dd: ModuleType, tp: ModuleType) -> None:
+        ranks: list[list[dict[str, Any]]], dd: ModuleType, tp: ModuleType) -> None:
     identical = [[r for r in results if not r["perturbed"]] for results in ranks]
     assert [len(results) for results in identical] == [len(CASES)] * WORLD
     for first, second, (family, budget) in zip(*identical, CASES, strict=True):
         assert first["error"] is None and second["error"] is None, (family, budget, first["error"])
-        assert all(first["same"].values()), (family, budget, first["same"])  # type: ignore[union-attr]
+        assert all(first["same"].values()), (family, budget, first["same"])
         # This process builds the same hashes: the tree does not depend on the process either.
         here = round_hashes(dd, tp, case_logits(family, budget), budget)["hash"].tolist()
         assert first["hash"] == second["hash"] == here, (family, budget)
         print(f"{family:8} budget {budget:3}: hashes {' '.join(f'{h:#018x}' for h in here)} on both ranks")
 
 
-def test_a_rank_whose_logits_differ_fails_the_check_on_every_rank(ranks: list[list[dict[str, object]]]) -> None:
+def test_a_rank_whose_logits_differ_fails_the_check_on_every_rank(ranks: list[list[dict[str, Any]]]) -> None:
     nudged = [[r for r in results if r["perturbed"]] for results in ranks]
     for first, second, (family, budget) in zip(*nudged, CASES, strict=True):
-        assert not first["same"]["tokens"], (family, budget)  # type: ignore[index]
-        h0, h1 = first["hash"][1], second["hash"][1]  # type: ignore[index]
-        assert first["hash"][0] == second["hash"][0] and h0 != h1  # type: ignore[index]
+        assert not first["same"]["tokens"], (family, budget)
+        h0, h1 = first["hash"][1], second["hash"][1]
+        assert first["hash"][0] == second["hash"][0] and h0 != h1
         for result in (first, second):
             error = str(result["error"])
             assert "DDTREE draft tree differs across the TP group" in error, (family, budget, error)

@@ -20,7 +20,8 @@ Two model pairs, built in-process (nothing is downloaded):
 At T > 0 (``Sampler(temperature, generator)``) the target's pick at every tree node is an
 independent draw from softmax(logits / T), the walk follows the child holding it (DDTREE.md),
 and ``sample_generate`` is plain sampling, one forward per token, many rows at once; a ``walk``
-argument replaces the reference walk (the tests plant wrong rules with it).
+argument replaces the reference walk (the tests plant wrong rules with it), and ``chi_square``
+compares two samples of tokens.
 
 Run ``python overlays/ddtree/tools/ddtree_cpu_decode.py`` to print acceptance lengths per
 budget against a chain (budget = L, rank-0 children only); ``--json FILE [--pair copy]
@@ -257,6 +258,27 @@ def sample_generate(
         logits, _ = _forward_rows(target, tokens[:, -1:], position, cache)
         tokens = torch.cat([tokens, sampler(logits[:, -1])[:, None]], dim=1)
     return tokens.tolist()
+
+
+def chi_square(a: Sequence[int], b: Sequence[int], min_pooled: int = 20) -> Tuple[float, int, float]:
+    """Two-sample chi-square test of homogeneity of two samples of tokens: (statistic, df, p-value).
+    Tokens drawn fewer than ``min_pooled`` times in both samples together share one bin, dropped if
+    that bin is that rare too."""
+    pooled = torch.bincount(torch.tensor(list(a) + list(b)))
+    keep = (pooled >= min_pooled).nonzero().flatten()
+
+    def counts(sample: Sequence[int]) -> torch.Tensor:
+        c = torch.bincount(torch.tensor(list(sample)), minlength=pooled.numel()).double()
+        return torch.cat([c[keep], (c.sum() - c[keep].sum()).view(1)])
+
+    table = torch.stack([counts(a), counts(b)])
+    if table[:, -1].sum() < min_pooled:
+        table = table[:, :-1]
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    statistic = float(((table - expected) ** 2 / expected).sum())
+    df = table.shape[1] - 1
+    p_value = torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(statistic / 2))
+    return statistic, df, float(p_value)
 
 
 def _keep_accepted(cache: DynamicCache, start: int, accepted: torch.Tensor) -> None:
