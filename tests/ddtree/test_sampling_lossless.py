@@ -7,7 +7,7 @@ the target is close to a Markov chain (four likely successors per token, graded)
 from attention, and a drafter that proposes the Markov chain's marginal at every depth (at T = 1, as
 a trained drafter would). Trees then accept several nodes per round, side branches included.
 Seeded and deterministic: the statistics printed by ``pytest -s`` are the ones in
-overlays/ddtree/README.md ("Sampling (T > 0)"). Two planted wrong rules, draft-probability rejection
+overlays/ddtree/README.md ("Sampling at T > 0 (0.3.0-rc.2)"). Two planted wrong rules, draft-probability rejection
 ``min(1, p / q)`` over the tree's children with the draft at T = 1 and at the request's temperature,
 must fail the same test.
 """
