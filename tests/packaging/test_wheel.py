@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv holding the wheel (its dependencies come from this python's site-packages)."""
+    """A fresh venv holding the wheel; its dependencies come from this python's site-packages.
+
+    Those folders are named in a .pth file rather than with `--system-site-packages`, which would give
+    the *base* interpreter's (a venv running the tests has its own); a folder named in a .pth is added
+    to the path without its own .pth files, so an editable install of the checkout there stays out.
+    """
     folder = tmp_path_factory.mktemp("venv") / "venv"
-    run([sys.executable, "-m", "venv", "--system-site-packages", str(folder)])
-    run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+    run([sys.executable, "-m", "venv", str(folder)])
+    python = str(folder / "bin" / "python")
+    own = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    ours = {sysconfig.get_paths()[kind] for kind in ("purelib", "platlib")}
+    Path(own, "test-dependencies.pth").write_text("".join(f"{path}\n" for path in sorted(ours)))
+    run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
          "--disable-pip-version-check", str(wheel)])
     return folder
 

@@ -181,15 +181,9 @@ class Decoded:
         return sum(self.accept_lengths) / max(len(self.accept_lengths), 1)
 
 
-def _forward(
-    target: Qwen3ForCausalLM,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
-    cache: DynamicCache,
-    mask: torch.Tensor | None = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One row: ids and positions [n]; returns logits [n, V] and the drafter's features [n, H]."""
-    logits, features = _forward_rows(target, ids[None], positions[None], cache, mask)
+def _one_row(rows: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`_forward_rows`' answer for a batch of one row: logits [n, V] and the drafter's features [n, H]."""
+    logits, features = rows
     return logits[0], features[0]
 
 
@@ -318,7 +312,7 @@ def ddtree_generate(
     dd = load_ddtree_utils()
     walk = walk or reference_walk(sampler)
     cache = DynamicCache()
-    logits, features = _forward(target, torch.tensor(prompt), torch.arange(len(prompt)), cache)
+    logits, features = _one_row(_forward_rows(target, torch.tensor(prompt)[None], torch.arange(len(prompt))[None], cache))
     out = Decoded(tokens=[int(sampler(logits[-1]))])
     while len(out.tokens) < max_new_tokens:
         start = cache.get_seq_length()  # the bonus token's position
@@ -334,9 +328,7 @@ def ddtree_generate(
         ids = torch.cat([torch.tensor([bonus]), tree.tokens[0]])
         visible = dd.tree_attention_mask(tree, start)[:, None]  # [1, 1, n + 1, start + n + 1]
         mask = torch.zeros(visible.shape).masked_fill(~visible, torch.finfo(torch.float32).min)
-        logits, node_features = _forward(
-            target, ids, dd.tree_positions(tree, start)[0], cache, mask
-        )
+        logits, node_features = _one_row(_forward_rows(target, ids[None], dd.tree_positions(tree, start), cache, mask))
         accepted, next_token = walk(tree, logits, draft_logits)
         _keep_accepted(cache, start, accepted)
         features = torch.cat([features, node_features[accepted]])
