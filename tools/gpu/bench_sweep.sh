@@ -22,34 +22,12 @@ if [ ! -f "$M/train_log.json" ]; then
 fi
 cp "$M/train_log.json" "$OUT/" && echo "[$(el)s] pair ready: $(python3 -c "import json; print(json.load(open('$M/train_log.json'))['chain_acceptance_offline'])") offline chain acceptance"
 
-PY=$(command -v python3)
-cat > "$OUT/inventory.yaml" <<YAML
-hosts:
-  h200:
-    transport: local
-    python: $PY
-    package_root: /tmp/site
-    state_dir: /tmp/ddtree-state
-    env: {PYTHONPATH: /tmp/site}
-    service:
-      kind: process
-      command: [$PY, -m, sglang.launch_server]
-      args: [--model-path, $M/target, --speculative-draft-model-path, $M/dflash_draft,
-             --host, 127.0.0.1, --port, "30000", --attention-backend, triton, --sampling-backend, pytorch,
-             --mem-fraction-static, "0.2", --max-total-tokens, "65536", --context-length, "2048",
-             --cuda-graph-max-bs-decode, "$BATCH", --disable-prefill-cuda-graph, --random-seed, "0"]
-      env: {PYTHONPATH: /tmp/site, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1",
-            TVM_FFI_CACHE_DIR: /tmp/jitcache, TRITON_CACHE_DIR: /tmp/jitcache/triton, FLASHINFER_WORKSPACE_BASE: /tmp/fi}
-      port: 30000
-      ready_timeout_s: 300
-      stop_grace_s: 10
-    probes:
-      - {kind: http, path: /health, status: 200}
-YAML
+. tools/gpu/local_host.sh
+local_host_inventory "$OUT/inventory.yaml" "$M/target" "$M/dflash_draft" 0.2 65536 "$BATCH"
 tool() {  # timeout args...
   local t=$1; shift
   echo "[$(el)s] \$ ddtree-deploy $*" | tee -a "$OUT/transcript.txt"
-  PYTHONPATH=$R:/tmp/site DDTREE_INVENTORY=$OUT/inventory.yaml DDTREE_DEPLOY_FORKSERVER=0 \
+  PYTHONPATH=$R:/tmp/site DDTREE_INVENTORY=$OUT/inventory.yaml \
     timeout "$t" python3 -m ddtree_deploy.cli "$@" 2>&1 | tee -a "$OUT/transcript.txt"
   echo "[$(el)s] exit ${PIPESTATUS[0]}" | tee -a "$OUT/transcript.txt"
 }

@@ -29,30 +29,8 @@ B=$OV/ddtree/0.2.99; PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overla
 sed -i "s/^version: $V\$/version: 0.2.99  # DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof/" "$B/overlay.yaml"
 printf 'raise RuntimeError("ddtree 0.2.99 is deliberately broken (rollback proof)")\n' >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
 
-PY=$(command -v python3)
-cat > "$W/inventory.yaml" <<YAML
-hosts:
-  h200:
-    transport: local
-    python: $PY
-    package_root: /tmp/site
-    state_dir: /tmp/ddtree-state
-    env: {PYTHONPATH: /tmp/site}
-    service:
-      kind: process
-      command: [$PY, -m, sglang.launch_server]
-      args: [--model-path, /tmp/models/target_copy, --speculative-draft-model-path, /tmp/models/dflash_copy,
-             --host, 127.0.0.1, --port, "30000", --attention-backend, triton, --sampling-backend, pytorch,
-             --mem-fraction-static, "0.05", --max-total-tokens, "32768", --context-length, "2048",
-             --cuda-graph-max-bs-decode, "4", --disable-prefill-cuda-graph, --random-seed, "0"]
-      env: {PYTHONPATH: /tmp/site, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1",
-            TVM_FFI_CACHE_DIR: /tmp/jitcache, TRITON_CACHE_DIR: /tmp/jitcache/triton, FLASHINFER_WORKSPACE_BASE: /tmp/fi}
-      port: 30000
-      ready_timeout_s: 300
-      stop_grace_s: 10
-    probes:
-      - {kind: http, path: /health, status: 200}
-YAML
+. tools/gpu/local_host.sh
+local_host_inventory "$W/inventory.yaml" /tmp/models/target_copy /tmp/models/dflash_copy 0.05 32768 4
 PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$W/overlay-$V" --overlays overlays >/dev/null
 # The tool runs from this checkout with the image's python (rich, typer, yaml, requests are there;
 # pydantic comes from /tmp/site).
