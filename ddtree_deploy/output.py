@@ -242,11 +242,20 @@ def exit_code_for(error: DeployError) -> ExitCode:
 
 @contextmanager
 def errors_rendered(as_json: bool) -> Iterator[None]:
-    """The one error boundary: any `DeployError` escaping a command becomes `fail(...)`."""
+    """The one error boundary: any `DeployError` escaping a command becomes `fail(...)`.
+
+    Ctrl-C that reaches it (while the inventory is read, or a read-only query runs: a playbook's
+    own handler stops its hosts at safe points and reports them itself) is said as one, exit 130,
+    instead of Typer's silent exit.
+    """
     try:
         yield
     except DeployError as exc:
         fail(exc, as_json=as_json)
+    except KeyboardInterrupt:
+        print_error(DeployError("interrupted (Ctrl-C)", code="interrupted",
+                                hint="`ddtree-deploy status` shows where each host stands"), as_json=as_json)
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
 
 @contextmanager

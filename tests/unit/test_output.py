@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,3 +105,23 @@ def test_a_lock_reads_as_a_time_and_its_age_not_epoch_seconds(
     assert out.exit_code == 3
     notes = out.rows()["ct129"]["result"]["notes"]
     assert any(re.fullmatch(r"locked since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \(\d+ s ago\)", n) for n in notes), notes
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_ctrl_c_while_the_inventory_is_read_exits_130_and_says_so(tmp_path: Path, as_json: bool) -> None:
+    """Ctrl-C while the inventory is still being read (a FIFO nobody writes: `open` blocks) is an
+    interruption: exit 130 with the envelope under --json or a line on stderr, not Typer's silent 130."""
+    fifo = tmp_path / "inventory.yaml"
+    os.mkfifo(fifo)
+    argv = [sys.executable, "-m", "ddtree_deploy.cli", "status", "--inventory", str(fifo), *(["--json"] if as_json else [])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{proc.pid}/wchan").read_text() != "wait_for_partner" and time.monotonic() < deadline:
+        time.sleep(0.05)  # wait until it blocks opening the inventory
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (stdout, stderr)
+    if as_json:
+        assert json.loads(stdout)["error"]["code"] == "interrupted"
+    else:
+        assert "interrupted (Ctrl-C)" in stderr and "ddtree-deploy status" in stderr
