@@ -173,15 +173,21 @@ def plan_step(run: HostRun, args: NoArgs) -> StepOutcome:
     planned = run.results.plan = plan_for_host(run.transport, overlay, fp.sglang_version or "",
                                                artifacts_folder=artifacts, deployed=known.deployed)
     run.server_args = list(overlay.manifest.server.args)
-    unverified = known.deployed is not None and known.deployed.unverified and known.deployed.label == overlay.label
-    if planned.noop and not unverified:
+    deployed = known.deployed
+    # Equal digests mean this very version is what the host records (the digest covers the label, so a
+    # version that changes only server.args or probes over equal files is a deployment of its own).
+    recorded = deployed is not None and deployed.digest == planned.digest
+    unverified = deployed is not None and deployed.unverified and deployed.label == overlay.label
+    if planned.noop and recorded and not unverified:
         run.finished = "noop"
         return _noop("plan", f"{overlay.label} already applied; nothing to change")
     if run.options.dry_run:
         run.finished = "dry_run"
-    if planned.noop:  # applied by a push that never finished its probes: this run restarts and probes it
+    if planned.noop and unverified:  # applied by a push that never finished its probes: restart and probe it
         run.reverify = run.overlay_live = True
         return _ok("plan", f"{overlay.label} already applied but never verified: restart and probe it")
+    if planned.noop:
+        return _ok("plan", f"{overlay.label} lands the files already there; recording it, then restart and probe")
     return _ok("plan", f"{overlay.label} on sglang {planned.base}: {_change_counts(planned)}")
 
 

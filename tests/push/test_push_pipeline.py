@@ -311,3 +311,29 @@ def host_pip(fleet: Fleet, tmp_path: Path, *args: str) -> None:
     done = subprocess.run([python, "-m", "pip", *args], env={**os.environ, "PYTHONPATH": str(only_pip)},
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_version_that_changes_only_its_server_args_is_deployed_not_a_noop(fleet: Fleet, tmp_path: Path) -> None:
+    """Equal files are not equal deployments: 0.1.1 lands 0.1.0's bytes with other launch arguments, so its
+    push records 0.1.1, restarts with its args and probes, where "already applied" would leave 0.1.0's."""
+    assert fleet.json("rollback", "--host", "ct200")[0] == 0
+    mine = tmp_path / "mine"
+    assert fleet.cli("overlay", "export", "ddtree@0.1.0", str(mine / "dd" / "0.1.0")).returncode == 0
+    manifest = mine / "dd" / "0.1.0" / "overlay.yaml"
+    manifest.write_text(manifest.read_text().replace("name: ddtree", "name: dd"))
+    (mine / "dd" / "0.1.1").mkdir()
+    (mine / "dd" / "0.1.1" / "overlay.yaml").write_text(
+        "name: dd\nversion: 0.1.1\ninherits: 0.1.0\nserver: {args: [--speculative-ddtree-budget, '32']}\n"
+        "probes: [{kind: server_info, expect: {speculative_ddtree_budget: 32}}]\n")
+    assert fleet.json("push", "--host", "ct200", "--overlay", "dd@0.1.0", "--overlays", str(mine))[0] == 0
+    on_010 = fleet.package_digest()
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "dd@0.1.1", "--overlays", str(mine))
+    result = host_row(out)["result"]
+    assert code == 0 and result["outcome"] == "ok", result
+    assert steps_of(result)["restart"] == "ok" and steps_of(result)["probe"] == "ok"
+    assert fleet.package_digest() == on_010  # the same bytes
+    status = host_row(fleet.json("status", "--host", "ct200")[1])["result"]
+    assert status["overlay"] == "dd@0.1.1" and "32" in status["launch_args"], status
+    code, out = fleet.json("push", "--host", "ct200", "--overlay", "dd@0.1.1", "--overlays", str(mine))
+    assert code == 0 and host_row(out)["result"]["outcome"] == "noop"  # now it is what the host records
+    assert fleet.json("rollback", "--host", "ct200")[0] == 0
