@@ -9,14 +9,14 @@ always come from one place. Nothing here touches a host.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal
 
-from packaging.version import Version
 from pydantic import BaseModel, Field
 
 from ddtree_deploy.errors import OverlayError
-from ddtree_deploy.overlay import Overlay, read_overlay, semver_key, versions_in
+from ddtree_deploy.overlay import SEMVER, Overlay, read_overlay, versions_in
 from ddtree_deploy.resources import builtin_dir
 
 OVERLAYS_ENV = "DDTREE_OVERLAYS"
@@ -115,8 +115,9 @@ def default_version(versions: list[str]) -> str:
 
 
 def _prerelease(version: str) -> bool:
-    key = semver_key(version)[1]
-    return isinstance(key, Version) and key.is_prerelease
+    """A semver pre-release (`-rc.1`, `-hybrid.1`: whatever follows the `-`), also one PEP 440 cannot read."""
+    match = re.match(SEMVER, version)
+    return match is None or match.group(4) is not None
 
 
 class OverlayListing(BaseModel):

@@ -91,3 +91,4 @@ def test_a_bare_name_takes_the_newest_release_as_pip_does() -> None:
     assert default_version(["0.1.0", "0.2.0", "0.3.0-rc.1"]) == "0.2.0"
     assert default_version(["0.1.0", "0.3.0-rc.1", "0.3.0"]) == "0.3.0"
     assert default_version(["0.1.0-rc.1", "0.1.0-rc.2"]) == "0.1.0-rc.2"  # no release yet: the newest
+    assert default_version(["0.2.2", "0.3.0-rc.1", "0.4.0-hybrid.1"]) == "0.2.2"  # a tag PEP 440 cannot read
