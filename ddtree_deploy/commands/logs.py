@@ -73,8 +73,8 @@ def _follow(inv: Inventory, hosts: list[HostSpec], report: FleetReport[LogChunk]
     }
     partial = dict.fromkeys(followed, "")
     prefix = len(report.hosts) > 1
-    try:
-        with out.errors_rendered(False):
+    with out.errors_rendered(False):
+        try:
             while True:
                 time.sleep(interval)
                 for name, (transport, offset) in followed.items():
@@ -82,8 +82,8 @@ def _follow(inv: Inventory, hosts: list[HostSpec], report: FleetReport[LogChunk]
                     followed[name] = (transport, chunk.offset)
                     *complete, partial[name] = (partial[name] + chunk.text).split("\n")
                     _print_lines(name, complete, prefix)
-    except KeyboardInterrupt:
-        raise typer.Exit(int(out.ExitCode.OK)) from None
-    finally:
-        for transport, _ in followed.values():
-            transport.close()
+        except KeyboardInterrupt:  # how a follow ends: not an interruption of anything
+            raise typer.Exit(int(out.ExitCode.OK)) from None
+        finally:
+            for transport, _ in followed.values():
+                transport.close()

@@ -63,7 +63,7 @@ def adopt(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     adopted = dict(state, snapshot=taken["id"], base_snapshot=taken["id"], adopted=time.time())
     if owned:
         adopted["files"] = {rel: brief(installed.get(rel)) for rel in owned}
-    else:
+    elif not state.get("overlay"):  # an overlay that owns no file (say server.args only) stays recorded
         adopted.update(overlay=None, version=None, digest=None, files={})
     write_json(ctx.path("state.json"), adopted)
     append_history(ctx, {"op": "adopt", "snapshot": taken["id"], "overlay": overlay_label(state), "by": ctx.owner})
