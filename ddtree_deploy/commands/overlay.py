@@ -78,7 +78,7 @@ def check_command(
 
 @app.command("export", cls=out.Command)
 def export_command(
-    spec: Annotated[str, typer.Argument(metavar="NAME[@VERSION]", help="Overlay version (default: the newest).")],
+    spec: Annotated[str, typer.Argument(metavar="NAME[@VERSION]", help="Overlay version (default: the newest release).")],
     folder: Annotated[Path, typer.Argument(help="New (or empty) folder to write the version into.")],
     overlays: OverlaysOption = None,
     as_json: out.JsonOption = False,

@@ -12,7 +12,7 @@ from ddtree_deploy.commands._selection import Selection, fleet_command
 from ddtree_deploy.fleet import ALL_AT_ONCE, DEFAULT_FORKS, Amount
 
 OverlayOption = Annotated[str, typer.Option("--overlay", "-o", metavar="NAME[@VERSION]",
-                                                     help="Overlay to push (without @VERSION: its newest).")]
+                                                     help="Overlay to push (without @VERSION: its newest release; a pre-release only by name).")]
 OverlaysDirOption = Annotated[
     str | None, typer.Option("--overlays", metavar="DIR",
                                help="Overlays folder, searched before $DDTREE_OVERLAYS, ./overlays, the built-ins.")
@@ -46,8 +46,8 @@ def push(
     rolls back where a snapshot was taken, prints the report and exits 130.
 
     Exit codes: 0 applied (or already applied, or dry run); 1 refused before any change, or failed
-    and rolled back with the host healthy; 2 bad input; 3 a host is left unhealthy, locked or with an
-    open journal.
+    and rolled back with the host healthy; 2 bad input; 3 a host is left unhealthy, locked, with an
+    open journal or with a damaged state file; 130 Ctrl-C.
     """
     play_builtin("push", selection, as_json=as_json, wave_size=wave_size,
                  max_failures=max_failures, forks=forks, overlay=overlay, overlays_dir=overlays, dry_run=dry_run, force=force,
