@@ -230,7 +230,9 @@ def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     state = read_record(ctx, "state.json") or {}  # damaged: the rollback target is unknown, so nothing goes
     kept = ids_of([s["id"] for s in summaries[-keep:]] + [state.get("snapshot"), base_of(state)])
     manifests = {i: read_json(manifest_path(ctx, i)) or {} for i in kept}
-    kept |= ids_of([base_of(m.get("state")) for m in manifests.values()])
+    # A kept snapshot restored brings back its recorded state: the base and the rollback target it names
+    # must still be there, or that state would point at nothing.
+    kept |= ids_of([x for m in manifests.values() for x in (base_of(m.get("state")), rollback_target(m.get("state")))])
     manifests.update({i: read_json(manifest_path(ctx, i)) or {} for i in kept - set(manifests)})
     dropped = [s["id"] for s in summaries if s["id"] not in kept]
     dry_run = bool(args.get("dry_run"))
@@ -249,6 +251,11 @@ def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
 def base_of(state: Optional[Dict[str, Any]]) -> Optional[str]:
     """The pristine snapshot a deployed overlay's plans read from (none when nothing is deployed)."""
     return state.get("base_snapshot") if state and state.get("overlay") else None
+
+
+def rollback_target(state: Optional[Dict[str, Any]]) -> Optional[str]:
+    """The snapshot a recorded deployment rolls back to (none when nothing is deployed)."""
+    return state.get("snapshot") if state and state.get("overlay") else None
 
 
 def ids_of(values: List[Any]) -> Set[str]:

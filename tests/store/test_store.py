@@ -347,6 +347,21 @@ def test_prune_keeps_the_newest_and_what_rollback_needs_and_frees_the_rest(
     assert store.prune(ctx, {"keep": 5})["removed"] == []
 
 
+def test_prune_keeps_the_rollback_target_a_kept_snapshot_records(
+        ctx: Context, site: Path, mini: Callable[[str], Overlay], layout: str) -> None:
+    """A kept snapshot taken while 0.2.0 was deployed records 0.2.0's rollback target: restoring it
+    brings that record back, so prune keeps the target too, and a rollback from there still works."""
+    _, base_snap = push_in_process(ctx, mini("0.1.0"))
+    on_010 = tree_state(site)
+    _, pre_upgrade = push_in_process(ctx, mini("0.2.0"))
+    manual = store.snapshot(ctx, {"reason": "manual"})["id"]
+    transactions.restore(ctx, {"snapshot": base_snap})  # nothing deployed now: state names no target
+    assert pre_upgrade in store.prune(ctx, {"keep": 1})["kept"]
+    transactions.restore(ctx, {"snapshot": manual})  # 0.2.0's record is back, naming pre_upgrade
+    transactions.restore(ctx, {})
+    assert tree_state(site) == on_010
+
+
 def test_prune_removes_the_objects_only_pruned_snapshots_used(ctx: Context, site: Path, layout: str) -> None:
     first = store.snapshot(ctx, {"reason": "a"})["id"]
     (site / SERVER_ARGS).write_bytes(b"# a content only the second snapshot holds\n")
