@@ -159,12 +159,17 @@ def train_target(model, tokens: torch.Tensor, cfg: Config, device: str, log: lis
         with _autocast(device):
             logits = model(input_ids=batch[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        _step(opt, model.parameters(), loss)
         _log(log, "target", step, cfg.target_steps, loss)
     model.eval()
+
+
+def _step(opt: torch.optim.Optimizer, params, loss: torch.Tensor) -> None:
+    """One optimiser step of either model: gradients of `loss`, clipped to norm 1."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
 
 
 def _autocast(device: str):
@@ -337,10 +342,7 @@ def train_drafter(drafter: Drafter, target, seqs: torch.Tensor, cfg: Config, mas
         labels = rows.gather(1, (anchors[:, :, None] + torch.arange(1, s, device=device)).reshape(cfg.batch, -1))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
         loss = (loss.view(cfg.batch, cfg.anchors, s - 1) * weights).sum() / (weights.sum() * cfg.batch * cfg.anchors)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
+        _step(opt, drafter.parameters(), loss)
         _log(log, "drafter", step, cfg.draft_steps, loss)
     drafter.eval()
 
