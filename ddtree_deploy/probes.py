@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ddtree_deploy.divergence import DEFAULT_TIE_TOLERANCE
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -30,6 +32,10 @@ class LosslessProbe(_Strict):
     kind: Literal["lossless"]
     prompts: list[str] = Field(min_length=1)
     max_new_tokens: int = Field(default=32, ge=32)
+    tie_tolerance: float = Field(
+        default=DEFAULT_TIE_TOLERANCE, ge=0,
+        description="nats: a split where the reference's runner-up is this close to its choice is bf16 "
+                    "rounding, reported and passed; 0 passes only identical answers")
 
 
 class MetricsProbe(_Strict):

@@ -3,8 +3,10 @@
 Every request goes through the host helper's `http` op to the server on the host's own loopback, so
 no server port needs to be reachable from the controller. Results keep their evidence (expected,
 got, first differing token). The `lossless` probe compares greedy outputs with a `Reference`
-recorded before the push; speculative decoding is lossless, so any difference is a bug. Nothing
-here restarts anything.
+recorded before the push (with the reference's top two log-probs per token where its server gives
+them); speculative decoding is lossless, so any difference is a bug unless the reference's own top
+two tokens were near-tied there (divergence.py), which bf16 numerics explain and the result reports.
+Nothing here restarts anything.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ddtree_deploy import divergence
+from ddtree_deploy.divergence import TopLogprobs
 from ddtree_deploy.errors import ProbeError
 from ddtree_deploy.probes import LosslessProbe, ProbeSpec
 from ddtree_deploy.remote import service as remote
@@ -30,6 +34,7 @@ class ReferenceOutput(BaseModel):
     prompt: str
     max_new_tokens: int
     output_ids: list[int]
+    top_logprobs: TopLogprobs | None = None  # None: the server gave none (every split is then a mismatch)
 
 
 class Reference(BaseModel):
@@ -39,10 +44,10 @@ class Reference(BaseModel):
     recorded_at: float
     outputs: list[ReferenceOutput] = Field(default_factory=list)
 
-    def lookup(self, prompt: str, max_new_tokens: int) -> list[int] | None:
+    def lookup(self, prompt: str, max_new_tokens: int) -> ReferenceOutput | None:
         for out in self.outputs:
             if out.prompt == prompt and out.max_new_tokens == max_new_tokens:
-                return out.output_ids
+                return out
         return None
 
 
@@ -78,14 +83,17 @@ class Generation(BaseModel):
     meta_info: dict[str, Any] = Field(default_factory=dict)
 
 
-def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int) -> Generation:
+def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int, *, logprobs: bool = False
+                    ) -> Generation:
     """Greedy `/generate` of one prompt; raises `ProbeError` (with the answer) if no output ids come back.
 
     `ignore_eos` makes every answer `max_new_tokens` long, so an early end-of-sequence can never keep
-    the probe from reaching the speculative decode path.
+    the probe from reaching the speculative decode path. `logprobs` asks for the top two log-probs per
+    token as well (meta_info's `output_top_logprobs`).
     """
-    body = {"text": prompt,
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    body: dict[str, Any] = {"text": prompt, **(divergence.LOGPROB_REQUEST if logprobs else {}),
+                            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,
+                                                "ignore_eos": True}}
     answer = http_request(transport, "/generate", method="POST", body=body)
     try:
         return Generation.model_validate_json(answer.body)
@@ -108,10 +116,20 @@ def record_reference(transport: Transport, specs: Sequence[ProbeSpec]) -> Refere
         if isinstance(spec, LosslessProbe):
             for prompt in spec.prompts:
                 if ref.lookup(prompt, spec.max_new_tokens) is None:
-                    ids = generate_greedy(transport, prompt, spec.max_new_tokens).output_ids
-                    ref.outputs.append(ReferenceOutput(prompt=prompt, max_new_tokens=spec.max_new_tokens,
-                                                       output_ids=ids))
+                    ref.outputs.append(_reference_output(transport, prompt, spec.max_new_tokens))
     return ref
+
+
+def _reference_output(transport: Transport, prompt: str, max_new_tokens: int) -> ReferenceOutput:
+    """One greedy answer with its top log-probs; without them where the server cannot give them
+    (a speculative server may refuse `return_logprob`), so its splits can only be mismatches."""
+    try:
+        answer = generate_greedy(transport, prompt, max_new_tokens, logprobs=True)
+        top = divergence.top_logprobs(answer.meta_info)
+    except ProbeError:
+        answer, top = generate_greedy(transport, prompt, max_new_tokens), None
+    return ReferenceOutput(prompt=prompt, max_new_tokens=max_new_tokens, output_ids=answer.output_ids,
+                           top_logprobs=top)
 
 
 def run_probes(transport: Transport, specs: Sequence[ProbeSpec], reference: Reference | None = None
@@ -161,31 +179,35 @@ def _run_lossless(transport: Transport, spec: Any, reference: Reference | None) 
     if reference is None:
         return ProbeResult(kind="lossless", name=name, status="skipped",
                            message="no reference was recorded (the server was not up before the change)")
-    compared, accept = 0, []
+    compared, accept, ties = 0, [], []
     for prompt in spec.prompts:
-        expected = reference.lookup(prompt, spec.max_new_tokens)
-        if expected is None:
+        recorded = reference.lookup(prompt, spec.max_new_tokens)
+        if recorded is None:
             continue
         answer = generate_greedy(transport, prompt, spec.max_new_tokens)
-        got = answer.output_ids
         compared += 1
         if "spec_accept_length" in answer.meta_info:  # per-request evidence; SGLang's gauge lags behind
             accept.append(answer.meta_info["spec_accept_length"])
-        if got != expected:
-            index = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
-                         min(len(expected), len(got)))
-            return ProbeResult(kind="lossless", name=name, status="fail", prompt=prompt, first_diff=index,
-                               expected=expected, got=got, details={"spec_accept_length": accept},
-                               message=f"greedy output differs from the reference at token {index} of "
-                                       f"{len(expected)} for prompt {prompt[:40]!r}: expected "
-                                       f"{expected[index] if index < len(expected) else 'end'}, got "
-                                       f"{got[index] if index < len(got) else 'end'}")
+        split = divergence.compare(recorded.output_ids, answer.output_ids, recorded.top_logprobs,
+                                   spec.tie_tolerance)
+        if split.kind == "near_tie":
+            ties.append({"prompt": prompt, **split.model_dump()})
+        elif split.kind == "mismatch":
+            return ProbeResult(kind="lossless", name=name, status="fail", prompt=prompt, first_diff=split.index,
+                               expected=recorded.output_ids, got=answer.output_ids,
+                               details={"spec_accept_length": accept, "near_ties": ties, "gap": split.gap},
+                               message=f"greedy output for prompt {prompt[:40]!r} differs from the reference "
+                                       f"at {split.describe()}, of {len(recorded.output_ids)} tokens")
     if not compared:
         return ProbeResult(kind="lossless", name=name, status="skipped",
                            message="the reference has none of these prompts")
     mean = f"; mean acceptance length {sum(accept) / len(accept):.2f}" if accept else ""
-    return ProbeResult(kind="lossless", name=name, status="pass", details={"spec_accept_length": accept},
-                       message=f"{compared}/{len(spec.prompts)} prompts answer exactly as the reference{mean}")
+    exact = compared - len(ties)
+    tied = (f", {len(ties)} part from it at a near-tie of the reference (gaps "
+            + ", ".join(f"{t['gap']:.3f}" for t in ties) + f" nats, tolerance {spec.tie_tolerance})") if ties else ""
+    return ProbeResult(kind="lossless", name=name, status="pass",
+                       details={"spec_accept_length": accept, "near_ties": ties},
+                       message=f"{exact}/{len(spec.prompts)} prompts answer exactly as the reference{tied}{mean}")
 
 
 def _run_metrics(transport: Transport, spec: Any, reference: Reference | None) -> ProbeResult:

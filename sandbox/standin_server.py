@@ -3,7 +3,9 @@
 It speaks the part of SGLang's HTTP API that ddtree-deploy's probes use: `/health`,
 `/health_generate`, `/server_info` (the version from sglang's dist-info and the args it was started
 with, resolved to snake_case like SGLang's ServerArgs), `/generate` (greedy output ids derived from
-the prompt by a hash, with `meta_info.spec_accept_length`/`spec_verify_ct`), and `/metrics` (with
+the prompt by a hash, with `meta_info.spec_accept_length`/`spec_verify_ct`, and with `return_logprob` the top
+`top_logprobs_num` (at most 2) log-probs per token as `meta_info.output_top_logprobs`: the token taken
+and a runner-up that is never the corrupted token), and `/metrics` (with
 `--enable-metrics`, as in SGLang). Like the real server it first loads the host's sglang package:
 here every module is byte-compiled (results cached by content hash), and a failure prints a
 Traceback and exits 1. Then, like SGLang's argparse, it refuses (exit 2, a usage error in its log)
@@ -19,6 +21,8 @@ Test switches (argument, or the environment variable DDTREE_STANDIN_<NAME upper-
   --fork-children N           N child processes in the same group, like SGLang's scheduler/detokenizer
   --standin-accept-length X   uniform rounds of this acceptance length (default: simulated rounds, see Model)
   --standin-block-size S      the draft block when --speculative-dflash-block-size is not given (default 8)
+  --standin-tie-flips GAP     speculative decoding takes the runner-up wherever its log-prob is within GAP
+                              nats of the top token (what bf16 verify numerics do at near-ties)
   --standin-lossy-from-budget B  DDTREE at a budget >= B changes output ids as --standin-corrupt-outputs does
   --standin-max-ddtree-budget B  DDTREE at a budget > B dies at start-up with a Traceback (state does not fit)
   --standin-compile-only      compile the package and exit (0 ok, 1 Traceback): warms the cache
@@ -43,7 +47,7 @@ import time
 import traceback
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, NoReturn, Optional
+from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 VOCAB = 32000
 CORRUPT_FROM = 5
@@ -223,6 +227,8 @@ class Model:
     def __init__(self, args: Dict[str, Any]) -> None:
         self.algorithm = str(args.get("speculative_algorithm") or "").upper() or None
         self.corrupt = bool(switch(args, "standin_corrupt_outputs", False))
+        flips = switch(args, "standin_tie_flips", None)
+        self.tie_flips = float(flips) if flips is not None and self.algorithm else None
         fixed = switch(args, "standin_accept_length", None)
         self.fixed_accept = float(fixed) if fixed is not None else None  # uniform rounds of this mean
         self.block = int(args.get("speculative_dflash_block_size") or switch(args, "standin_block_size", BLOCK))
@@ -249,14 +255,15 @@ class Model:
         """SGLang's speculative_num_draft_tokens: the block for DFLASH, DDTREE's verify width (budget + 1)."""
         return self.budget + 1 if self.algorithm == "DDTREE" else self.block
 
-    def generate(self, prompt: Any, params: Dict[str, Any], rid: Optional[str] = None) -> Dict[str, Any]:
+    def generate(self, prompt: Any, params: Dict[str, Any], rid: Optional[str] = None, top_logprobs: int = 0
+                 ) -> Dict[str, Any]:
         started = time.monotonic()
         key = prompt if isinstance(prompt, str) else json.dumps(prompt)
         count = int(params.get("max_new_tokens", 128))
         greedy = float(params.get("temperature", 1.0)) == 0.0
         seed = params.get("sampling_seed")
         salt = "" if greedy else ("seed=%s" % seed if seed is not None else uuid.uuid4().hex)
-        ids = self._ids(key + salt, count)
+        ids, top = self._decode(key + salt, count)
         rid = rid or uuid.uuid4().hex
         meta: Dict[str, Any] = {
             "id": rid, "prompt_tokens": len(key.split()) if isinstance(prompt, str) else len(prompt),
@@ -268,6 +275,8 @@ class Model:
             accepts = self._rounds(key + salt, count, rid)
             forwards = len(accepts)
             meta.update(self._spec_meta(count, accepts))
+        if top_logprobs > 0:
+            meta["output_top_logprobs"] = [[[lp, token, None] for lp, token in row[:top_logprobs]] for row in top]
         meta["e2e_latency"] = time.monotonic() - started
         with self.lock:
             self.requests += 1
@@ -324,13 +333,23 @@ class Model:
                 self.last_accept = self.window_tokens / self.window_forwards if self.algorithm else 0.0
                 self.window_tokens, self.window_forwards = 0.0, 0
 
-    def _ids(self, key: str, count: int) -> List[int]:
-        ids, state = [], hashlib.sha256(key.encode()).digest()
+    def _decode(self, key: str, count: int) -> "Tuple[List[int], List[List[Tuple[float, int]]]]":
+        """Output ids and, per position, the (log-prob, id) of the top token and its runner-up."""
+        ids: List[int] = []
+        top: List[List[Tuple[float, int]]] = []
+        state = hashlib.sha256(key.encode()).digest()
         for i in range(count):
             state = hashlib.sha256(state).digest()
             token = int.from_bytes(state[:4], "big") % VOCAB
+            runner_up = (token + 2 + int.from_bytes(state[4:8], "big") % (VOCAB - 2)) % VOCAB
+            best = -0.05 - state[8] / 255.0
+            gap = 4.0 * (state[9] / 255.0) ** 2
+            top.append([(best, token), (best - gap, runner_up)])
+            if self.tie_flips is not None and gap <= self.tie_flips:
+                token = runner_up
+                state = hashlib.sha256(state + b"flip").digest()  # the context differs from here on
             ids.append((token + 1) % VOCAB if self.corrupt and i >= CORRUPT_FROM else token)
-        return ids
+        return ids, top
 
     def metrics(self, model_name: str) -> str:
         labels = '{model_name="%s"}' % model_name
@@ -385,11 +404,12 @@ class Handler(BaseHTTPRequestHandler):
         batch = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
         model = self.server.model
         rid = body.get("rid")
+        top = min(2, int(body.get("top_logprobs_num") or 0)) if body.get("return_logprob") else 0
         if batch:
             rids = rid if isinstance(rid, list) else []
-            answers = [model.generate(p, params, rids[i] if i < len(rids) else None) for i, p in enumerate(prompt)]
+            answers = [model.generate(p, params, rids[i] if i < len(rids) else None, top) for i, p in enumerate(prompt)]
         else:
-            answers = [model.generate(prompt, params, rid if isinstance(rid, str) else None)]
+            answers = [model.generate(prompt, params, rid if isinstance(rid, str) else None, top)]
         time.sleep(max(a.pop("cost_s") for a in answers))  # a batch's requests share their rounds
         self._json(200, answers if batch else answers[0])
 

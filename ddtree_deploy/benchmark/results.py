@@ -78,10 +78,21 @@ class TreeStats(_Model):
     accept_mean: float = Field(description="mean tau of the logged rounds (must equal the greedy run's per_round)")
 
 
+class NearTie(_Model):
+    """A greedy answer that parts from the plain server's where plain's own top two tokens were near-tied."""
+
+    prompt: int = Field(description="index into `prompts`")
+    batch: int
+    token: int = Field(description="where the answers part (tokens after it are not compared)")
+    gap: float = Field(description="nats: plain's log-prob of its token minus that of the token taken")
+
+
 class Lossless(_Model):
     compared: int
     identical: int
-    mismatch: str | None = Field(default=None, description="the first differing request, in words")
+    tie_tolerance: float = Field(default=0.0, description="nats: the largest gap a split may have to be a near-tie")
+    near_ties: list[NearTie] = Field(default_factory=list, description="splits explained by a near-tie")
+    mismatch: str | None = Field(default=None, description="the first request that differs otherwise, in words")
 
 
 class VariantResult(_Model):

@@ -3,8 +3,10 @@
 Every restart goes through `service.restart` (fail fast on exit, a fatal log line or a foreign port
 owner), so a budget the server refuses ends the sweep with the log's tail, and the playbook's
 `on_failure` puts the host back. The plain server runs first and its greedy answers are the
-reference: each speculative variant's greedy answers, at batch 1 and at the user's batch, must
-equal them token for token (lossless), or the sweep stops there. Requests run through the host
+reference (recorded in one more, untimed pass with the top two log-probs per token): each
+speculative variant's greedy answers, at batch 1 and at the user's batch, must equal them token for
+token (lossless) or part from them only where plain's own top two tokens were near-tied (a bf16
+split, divergence.py; each is listed), or the sweep stops there. Requests run through the host
 helper on the host's loopback; their time is measured there, so SSH latency never counts.
 """
 
@@ -19,18 +21,20 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ddtree_deploy import service
+from ddtree_deploy import divergence, service
 from ddtree_deploy.benchmark import measure
 from ddtree_deploy.benchmark.results import (
     BenchResults,
     Lossless,
     Mode,
+    NearTie,
     RequestStats,
     RunResult,
     TreeStats,
     VariantResult,
     variant_name,
 )
+from ddtree_deploy.divergence import TopLogprobs
 from ddtree_deploy.errors import BenchError, DeployError
 from ddtree_deploy.probing import http_request
 from ddtree_deploy.transport import Transport
@@ -52,6 +56,8 @@ SPEC_PREFIX = "--speculative-"
 DDTREE_FLAGS = ("--speculative-algorithm", "--speculative-ddtree-budget", "--speculative-ddtree-debug")
 
 Progress = Callable[[str], None]
+#: greedy answers by prompt index: output ids, and plain's top log-probs where the pass asked for them
+Answers = dict[int, tuple[list[int], TopLogprobs | None]]
 
 
 class BenchArgs(BaseModel):
@@ -68,6 +74,9 @@ class BenchArgs(BaseModel):
     dflash: bool = Field(default=True, description="measure DFLASH's chain as a baseline")
     tree_stats: bool = Field(default=True, description="one more start per budget with --speculative-ddtree-debug")
     request_timeout_s: float = Field(default=600.0, gt=0)
+    tie_tolerance: float = Field(default=divergence.DEFAULT_TIE_TOLERANCE, ge=0,
+                                 description="nats: a split at a near-tie of plain's this close is reported, "
+                                             "not failed; 0: only identical answers pass")
 
     @field_validator("prompts")
     @classmethod
@@ -124,7 +133,7 @@ class Sweep:
         self.t, self.args, self.found = transport, args, found_args
         self.progress = progress
         self.started = time.monotonic()
-        self.reference: dict[tuple[int, int], list[int]] = {}
+        self.reference: dict[tuple[int, int], tuple[list[int], TopLogprobs | None]] = {}
         self.results = BenchResults(source="ddtree-deploy bench", host=transport.host.name,
                                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                     max_new_tokens=args.max_new_tokens, batch=args.batch, prompts=list(args.prompts))
@@ -157,7 +166,7 @@ class Sweep:
         result.runs += [run for run, _ in greedy]
         result.runs += [self._sampled(variant, batch) for batch in self._batches()] if self.args.seeds else []
         if variant.algorithm is None:
-            self._record_reference(greedy, info)
+            self._record_reference(variant, info)
         else:
             result.lossless = self._lossless(variant, greedy)
         if variant.algorithm == "DDTREE" and self.args.tree_stats:
@@ -198,9 +207,9 @@ class Sweep:
 
     # ------------------------------------------------------------------ passes
 
-    def _pass(self, variant: Variant, mode: Mode, batch: int, seed: int | None = None
-              ) -> tuple[RunResult, dict[int, list[int]]]:
-        """Every prompt once (in groups of `batch`); returns the run and greedy outputs by prompt index."""
+    def _pass(self, variant: Variant, mode: Mode, batch: int, seed: int | None = None, *, logprobs: bool = False
+              ) -> tuple[RunResult, Answers]:
+        """Every prompt once (in groups of `batch`); returns the run and the answers by prompt index."""
         params: dict[str, Any] = {"temperature": 0 if mode == "greedy" else self.args.temperature,
                                   "max_new_tokens": self.args.max_new_tokens, "ignore_eos": True}
         if seed is not None:
@@ -211,10 +220,13 @@ class Sweep:
         batches, outputs = [], {}
         for start in range(0, len(prompts), batch):
             group = prompts[start:start + batch]
-            elapsed, items = self._generate([p for _, p in group], params, _rids(f"{variant.name}-{mode}", batch))
+            elapsed, items = self._generate([p for _, p in group], params, _rids(f"{variant.name}-{mode}", batch),
+                                            divergence.LOGPROB_REQUEST if logprobs else {})
             stats = [measure.request_stats(item, i, seed=seed, elapsed_s=elapsed if batch == 1 else None)
                      for (i, _), item in zip(group, items, strict=True)]
-            outputs.update({i: list(item.get("output_ids") or []) for (i, _), item in zip(group, items, strict=True)})
+            outputs.update({i: (list(item.get("output_ids") or []),
+                                divergence.top_logprobs(item.get("meta_info") or {}) if logprobs else None)
+                            for (i, _), item in zip(group, items, strict=True)})
             batches.append((elapsed, stats))
         run = measure.run_result(mode, batch, float(params["temperature"]), batches, self.results.block_size)
         return run, outputs
@@ -227,11 +239,12 @@ class Sweep:
         times = [r.round_time_ms for r in runs if r.round_time_ms is not None]
         return merged.model_copy(update={"round_time_ms": sum(times) / len(times) if times else None})
 
-    def _generate(self, prompts: list[str | list[int]], params: dict[str, Any], rids: list[str]
-                  ) -> tuple[float, list[dict[str, Any]]]:
+    def _generate(self, prompts: list[str | list[int]], params: dict[str, Any], rids: list[str],
+                  extra: dict[str, Any] | None = None) -> tuple[float, list[dict[str, Any]]]:
         key = "text" if isinstance(prompts[0], str) else "input_ids"
         one = len(prompts) == 1
-        body = {key: prompts[0] if one else prompts, "sampling_params": params, "rid": rids[0] if one else rids}
+        body = {key: prompts[0] if one else prompts, "sampling_params": params, "rid": rids[0] if one else rids,
+                **(extra or {})}
         answer = http_request(self.t, "/generate", method="POST", body=body, timeout=self.args.request_timeout_s)
         try:
             value = json.loads(answer.body) if answer.status == 200 else None
@@ -246,28 +259,32 @@ class Sweep:
 
     # ------------------------------------------------------------------ reference, lossless, tree
 
-    def _record_reference(self, greedy: list[tuple[RunResult, dict[int, list[int]]]], info: dict[str, Any]) -> None:
-        for run, outputs in greedy:
-            self.reference.update({(run.batch, i): ids for i, ids in outputs.items()})
+    def _record_reference(self, plain: Variant, info: dict[str, Any]) -> None:
+        """Plain's greedy answers with their top log-probs, from one more pass per batch (untimed: asking
+        for log-probs costs time, and the timed passes of every variant must ask the same)."""
+        for batch in self._batches():
+            _, answers = self._pass(plain, "greedy", batch, logprobs=True)
+            self.reference.update({(batch, i): answer for i, answer in answers.items()})
         self.results.sglang = info.get("version")
         self.results.model = info.get("model_path")
 
-    def _lossless(self, variant: Variant, greedy: list[tuple[RunResult, dict[int, list[int]]]]) -> Lossless:
-        compared = identical = 0
-        mismatch = None
-        for run, outputs in greedy:
-            for i, ids in sorted(outputs.items()):
-                expected = self.reference.get((run.batch, i))
-                if expected is None:
+    def _lossless(self, variant: Variant, greedy: list[tuple[RunResult, Answers]]) -> Lossless:
+        result = Lossless(compared=0, identical=0, tie_tolerance=self.args.tie_tolerance)
+        for run, answers in greedy:
+            for i, (ids, _) in sorted(answers.items()):
+                if (run.batch, i) not in self.reference:
                     continue
-                compared += 1
-                if ids == expected:
-                    identical += 1
-                elif mismatch is None:
-                    at = next((k for k, (a, b) in enumerate(zip(expected, ids, strict=False)) if a != b),
-                              min(len(expected), len(ids)))
-                    mismatch = f"prompt {i} at batch {run.batch} differs from the plain server at token {at}"
-        return Lossless(compared=compared, identical=identical, mismatch=mismatch)
+                expected, top = self.reference[(run.batch, i)]
+                split = divergence.compare(expected, ids, top, self.args.tie_tolerance)
+                result.compared += 1
+                if split.kind == "identical":
+                    result.identical += 1
+                elif split.kind == "near_tie":
+                    result.near_ties.append(NearTie(prompt=i, batch=run.batch, token=split.index or 0,
+                                                    gap=split.gap or 0.0))
+                elif result.mismatch is None:
+                    result.mismatch = f"prompt {i} at batch {run.batch} differs from the plain server at {split.describe()}"
+        return result
 
     def _tree_pass(self, variant: Variant) -> TreeStats | None:
         """Restart with the overlay's debug lines on, decode the prompts greedily, read the lines back."""

@@ -35,7 +35,8 @@ def _row(v: VariantResult, batch: int, base_tps: float | None) -> list[str]:
     a = v.acceptance
     speedup = b1.tokens_per_s / base_tps if b1 and base_tps else None
     tree = v.tree
-    lossless = "-" if v.lossless is None else f"{v.lossless.identical}/{v.lossless.compared}"
+    lossless = "-" if v.lossless is None else f"{v.lossless.identical}/{v.lossless.compared}" + (
+        f" (+{len(v.lossless.near_ties)} near-tie)" if v.lossless.near_ties else "")
     return [v.variant, _num(a.mean if a else None), _num(a.per_round if a else None), str(a.rounds) if a else "-",
             _num(b1.tokens_per_s if b1 else None, ".1f"), _num(bn.tokens_per_s if bn else None, ".1f"),
             _num(b1.round_time_ms if b1 else None, ".3f"), _num(speedup) + ("x" if speedup else ""),

@@ -44,6 +44,10 @@ def bench(
                                                      "or a budget) or a bench JSON; repeatable.")] = None,
     max_accept_diff: Annotated[float, typer.Option("--max-accept-diff", min=0)] = 0.1,
     max_tv: Annotated[float, typer.Option("--max-tv", min=0, help="Histograms' total-variation distance.")] = 0.05,
+    tie_tolerance: Annotated[float, typer.Option(
+        "--tie-tolerance", min=0, metavar="NATS",
+        help="A greedy answer may part from plain's where plain's top two log-probs are this close (bf16 "
+             "rounding; each such split is listed); 0: identical answers only.")] = 0.5,  # divergence.DEFAULT_TIE_TOLERANCE
     results: Annotated[Path, typer.Option("--results", metavar="DIR", help="Folder for the results.")]
     = Path("bench-results"),
     as_json: out.JsonOption = False,
@@ -60,7 +64,8 @@ def bench(
     with out.errors_rendered(as_json):
         args = _bench_args(BenchArgs, budgets=_ints(budgets, "--budgets"), prompts=_prompts(prompts), batch=batch,
                            max_new_tokens=max_new_tokens, seeds=_ints(seeds, "--seeds", empty_ok=True),
-                           temperature=temperature, dflash=dflash, tree_stats=tree_stats)
+                           temperature=temperature, dflash=dflash, tree_stats=tree_stats,
+                           tie_tolerance=tie_tolerance)
         baselines = [read_baseline(spec) for spec in baseline or []]
         _make_folder(results)
         report = _play(args, selection, as_json)

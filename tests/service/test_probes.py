@@ -78,11 +78,34 @@ def test_lossless_mismatch_names_prompt_and_first_differing_token(svc_host: Serv
     [result] = run_probes(lossy, [LOSSLESS], reference)
     assert result.status == "fail" and not result.ok
     assert result.prompt == PROMPTS[0]
-    assert result.expected == reference.lookup(PROMPTS[0], 32)
+    recorded = reference.lookup(PROMPTS[0], 32)
+    assert recorded and result.expected == recorded.output_ids
     assert isinstance(result.expected, list) and isinstance(result.got, list)
     first = next(i for i, (a, b) in enumerate(zip(result.expected, result.got, strict=False)) if a != b)
     assert result.first_diff == first and result.expected[:first] == result.got[:first]
-    assert f"token {first} of 32" in result.message
+    assert f"at token {first}: expected" in result.message and "of 32 tokens" in result.message
+    assert result.details["gap"] is None  # the corrupted token is not the reference's runner-up
+
+
+def test_reference_keeps_the_top_two_log_probs_of_every_token(svc_host: ServiceHost) -> None:
+    reference = record_reference(_up(svc_host), [LOSSLESS])
+    for out in reference.outputs:
+        assert out.top_logprobs and len(out.top_logprobs) == 32
+        assert all(len(row) == 2 and row[0][0] >= row[1][0] for row in out.top_logprobs)
+        assert [row[0][1] for row in out.top_logprobs] == out.output_ids
+
+
+def test_lossless_passes_splits_at_near_ties_and_names_each_but_not_with_tolerance_zero(svc_host: ServiceHost) -> None:
+    reference = record_reference(_up(svc_host), [LOSSLESS])
+    ties = _up(svc_host, "--standin-tie-flips", "0.3")  # bf16-like: the runner-up where it is within 0.3 nats
+    [result] = run_probes(ties, [LOSSLESS], reference)
+    assert result.status == "pass", result.message
+    near = result.details["near_ties"]
+    assert near and all(t["kind"] == "near_tie" and 0 <= t["gap"] <= 0.3 for t in near)
+    assert "near-tie of the reference" in result.message and f"{len(PROMPTS) - len(near)}/3 prompts" in result.message
+    strict = LosslessProbe(kind="lossless", prompts=PROMPTS, max_new_tokens=32, tie_tolerance=0)
+    [failed] = run_probes(ties, [strict], reference)
+    assert failed.status == "fail" and "at a near-tie" not in failed.message and "gap" in failed.message
 
 
 def test_lossless_without_reference_is_skipped_not_passed(svc_host: ServiceHost) -> None:
