@@ -10,6 +10,7 @@ the GPU takes, top-K included) and hands the trees back; the comparisons run her
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -32,6 +33,7 @@ FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
 CASES = [(family, 2, 7, 60, [1, 5, 16, 64, 150]) for family in FAMILIES] + [
     ("integer", 1, 15, 40, [512, 1024]),  # the serving budgets, on a tie-heavy small vocabulary
     ("bf16", 1, 15, 48, [512]),
+    ("integer", 2, 5, 6, [16, 32]),  # small trees full of exact ties between different parents' children
     ("integer", 2, 4, 3, [2, 120, 200]),  # K = V = 3 < budget; 200 > the whole 3-ary tree (120 nodes)
     ("flat", 2, 1, 50, [10, 50, 80]),  # L = 1
 ]
@@ -45,6 +47,8 @@ NAMES = (
     + [f"minus-inf-rows-B{b}" for b in MINUS_INF_BUDGETS]
     + [f"rounding-{trial}-B{ROUNDING_BUDGET}" for trial in ROUNDING_TRIALS]
 )
+# The interpreter runs the GPU's one-reduction pop element by element: small trees only.
+ONE_REDUCTION = [n for n in NAMES if int(n.rsplit("-B", 1)[1]) <= 32]
 MakeLogits = Callable[[str, tuple[int, ...], int], torch.Tensor]
 
 
@@ -107,14 +111,17 @@ def kernel_batch(rc3: ModuleType, built: dict, budget: int) -> object:
 
 
 # --------------------------------------------------------------------------- the comparisons
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(
+    ("name", "pop"), [(n, "two-reductions") for n in NAMES] + [(n, "one-reduction") for n in ONE_REDUCTION]
+)
 def test_kernel_trees_equal_the_heap_and_the_torch_builder(
-    rc3: ModuleType, cases: dict[str, tuple[torch.Tensor, int]], from_kernels: dict[str, dict], name: str
+    rc3: ModuleType, cases: dict[str, tuple[torch.Tensor, int]], from_kernels: dict[str, dict], name: str, pop: str
 ) -> None:
+    """Both ways of popping (the interpreter's two reductions, the GPU's one) on every case they ran."""
     from tests.ddtree.test_tree_build import assert_same_tree
 
     logits, budget = cases[name]
-    got = kernel_batch(rc3, from_kernels[name], budget)
+    got = kernel_batch(rc3, from_kernels[f"{name}/{pop}"], budget)
     torch_batch = rc3.build_ddtree_batch(logits, budget)
     assert got.max_depth == torch_batch.max_depth and got.scores_exact.all()
     for field in FIELDS:  # same padding, dtypes and shapes as the torch builder's
@@ -135,7 +142,7 @@ def test_the_cases_hold_what_the_kernel_must_get_right(rc3: ModuleType, cases: d
     builder's one replay pass gives up): the cases are hard."""
     from tests.ddtree.test_tree_build import rank_paths
 
-    trees = {name: kernel_batch(rc3, from_kernels[name], cases[name][1]) for name in NAMES}
+    trees = {name: kernel_batch(rc3, from_kernels[f"{name}/two-reductions"], cases[name][1]) for name in NAMES}
     tied = repeated = 0
     for tree in trees.values():
         for b in range(tree.num_nodes.shape[0]):
@@ -211,11 +218,14 @@ def _build_with_kernels(work: Path) -> None:
     assert os.environ["TRITON_INTERPRET"] == "1" and "triton" not in sys.modules
     torch.set_num_threads(1)
     utils, kernel = _load(work / Path(UTILS).name), _load(work / Path(KERNEL).name)
-    utils._ddtree_triton_builder = lambda device: kernel.build_ddtree_trees_triton
     trees: dict[str, object] = {"refusals": _refusals(kernel)}
-    for name, (logits, budget) in torch.load(work / "cases.pt").items():
-        tree = utils.build_ddtree_batch(logits, budget)
-        trees[name] = {field: getattr(tree, field) for field in (*FIELDS, "scores_exact", "max_depth")}
+    cases = torch.load(work / "cases.pt")
+    for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
+        builder = functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction")
+        utils._ddtree_triton_builder = lambda device, builder=builder: builder
+        for name in names:
+            tree = utils.build_ddtree_batch(*cases[name])
+            trees[f"{name}/{pop}"] = {field: getattr(tree, field) for field in (*FIELDS, "scores_exact", "max_depth")}
     torch.save(trees, work / "trees.pt")
 
 
