@@ -1,16 +1,20 @@
 """Benchmark: DDTree batch tree builder (overlay ddtree_utils.build_ddtree_batch) against a plain
-best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8.
+best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8; on CUDA also
+the fused Triton builder of overlay 0.3.0-rc.3 (``ddtree_build.py``: the same top-K in torch, then
+one program per request runs the pop loop), which rc.3's ``build_ddtree_batch`` runs on CUDA.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
 log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the
 tree (tokens, parents, visibility) copied back to the device. The batched builder stays on the
 device; on CUDA it runs under ``torch.cuda.set_sync_debug_mode("error")`` (any host sync
-raises) and is also timed as a replayed CUDA graph.
+raises) and is also timed as a replayed CUDA graph; so is the Triton builder (top-K plus its two
+kernels), whose trees must equal the torch builder's exactly (tokens, scores, parents, visibility).
 
     python bench/tree_build.py                      # CPU
     python bench/tree_build.py --device cuda        # GPU
 
-Prints times per call and the ratio heap / batch, all measured in this one run.
+Prints times per call and the ratios heap / batch (and, on CUDA, heap / graph, heap / triton graph,
+and the graphed top-K alone), all measured in this one run.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import functools
 import heapq
 import importlib.util
+import math
 import statistics
 import sys
 import time
@@ -29,18 +34,23 @@ from types import ModuleType
 import numpy as np
 import torch
 
-DDTREE_UTILS = (
-    Path(__file__).resolve().parents[1] / "overlays/ddtree/0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
-)
+OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
+DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
+# A whole new file of 0.3.0-rc.3 (torch and triton only), so it loads by path like the core.
+DDTREE_BUILD_KERNEL = OVERLAYS / "0.3.0-rc.3/files/sglang/kernels/ops/speculative/ddtree_build.py"
 
 
-def load_ddtree_utils() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ddtree_utils_overlay", DDTREE_UTILS)
+def load_module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_ddtree_utils() -> ModuleType:
+    return load_module("ddtree_utils_overlay", DDTREE_UTILS)
 
 
 # --------------------------------------------------------------------------- the heap baseline
@@ -92,6 +102,30 @@ def heap_build(draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, t
     )
 
 
+# --------------------------------------------------------------------------- the Triton builder
+def triton_build(dd: ModuleType, kernel: ModuleType, draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+    """What rc.3's build_ddtree_batch runs on CUDA: the torch top-K, then the fused kernels.
+
+    Returns (tokens, depths, parents, visibility, scores, num_nodes)."""
+    top, ids = top_k(dd, draft_logits, budget)
+    return kernel.build_ddtree_trees_triton(log_probs=top, top_tokens=ids, budget=budget)
+
+
+def top_k(dd: ModuleType, draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-K that both builders start from (timed alone: how much of the Triton build it is)."""
+    depth_limit = min(draft_logits.shape[1], budget)
+    return dd._ddtree_top_k(draft_logits[:, :depth_limit], min(budget, draft_logits.shape[-1]))
+
+
+def check_triton_same(dd: ModuleType, kernel: ModuleType, logits: torch.Tensor, budget: int) -> None:
+    """The Triton trees equal the torch builder's bit for bit (same top-K, so tokens agree too)."""
+    batch = dd.build_ddtree_batch(logits, budget)
+    got = triton_build(dd, kernel, logits, budget)
+    for name, value in zip(("tokens", "depths", "parents", "visibility", "scores", "num_nodes"), got, strict=True):
+        if not torch.equal(value, getattr(batch, name)):
+            raise SystemExit(f"triton builder disagrees with the batch builder at budget {budget}: {name}")
+
+
 # --------------------------------------------------------------------------- timing
 def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
     """Median seconds per call (after one warm-up call)."""
@@ -108,18 +142,18 @@ def timed(fn: Callable[[], object], device: torch.device, repeats: int) -> float
     return statistics.median(samples)
 
 
-def graph_replay(dd: ModuleType, logits: torch.Tensor, budget: int) -> Callable[[], object] | None:
-    """A CUDA graph of the batched build on a static logits buffer (None if capture fails)."""
+def graph_replay(build: Callable[[torch.Tensor, int], object], logits: torch.Tensor, budget: int) -> Callable[[], object] | None:
+    """A CUDA graph of ``build(logits, budget)`` on a static logits buffer (None if capture fails)."""
     static = logits.clone()
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        dd.build_ddtree_batch(static, budget)  # warm-up outside the capture
+        build(static, budget)  # warm-up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
-            dd.build_ddtree_batch(static, budget)
+            build(static, budget)
     except RuntimeError as err:
         print(f"  cuda graph capture failed at budget {budget}: {err}")
         return None
@@ -133,6 +167,23 @@ def check_same(dd: ModuleType, logits: torch.Tensor, budget: int) -> None:
     batch = dd.build_ddtree_batch(logits, budget)
     if not (torch.equal(parents, batch.parents) and torch.equal(visibility, batch.visibility)):
         raise SystemExit(f"builders disagree at budget {budget}")
+
+
+def graphed_columns(
+    dd: ModuleType, kernel: ModuleType, logits: torch.Tensor, budget: int, heap_s: float, repeats: int
+) -> str:
+    """The CUDA-graph columns: the torch batch builder, the Triton builder, and its top-K alone."""
+    check_triton_same(dd, kernel, logits, budget)
+    triton = functools.partial(triton_build, dd, kernel)
+    torch.cuda.set_sync_debug_mode("error")  # the Triton build has no host sync either
+    triton(logits, budget)
+    torch.cuda.set_sync_debug_mode("default")
+    cells = []
+    for build, width in ((dd.build_ddtree_batch, 10), (triton, 11), (functools.partial(top_k, dd), 0)):
+        replay = graph_replay(build, logits, budget)
+        graph_s = timed(replay, logits.device, repeats) if replay is not None else math.nan
+        cells.append(f" {graph_s * 1e3:>9.2f}" + (f" {heap_s / graph_s:>{width}.1f}" if width else ""))
+    return "".join(cells)
 
 
 def main() -> None:
@@ -150,10 +201,13 @@ def main() -> None:
     device = torch.device(args.device)
     dd = load_ddtree_utils()
     cuda = device.type == "cuda"
+    kernel = load_module("ddtree_build_overlay", DDTREE_BUILD_KERNEL) if cuda else None
     print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'})")
     print(f"torch {torch.__version__}, L={args.length}, V={args.vocab}, bf16 logits, median of {args.repeats}")
     header = f"{'bs':>3} {'budget':>6} {'heap ms':>9} {'batch ms':>9} {'heap/batch':>10}"
-    print(header + (f" {'graph ms':>9} {'heap/graph':>10}" if cuda else ""))
+    if cuda:
+        header += f" {'graph ms':>9} {'heap/graph':>10} {'triton ms':>9} {'heap/triton':>11} {'top-K ms':>9}"
+    print(header)
     g = torch.Generator(device="cpu").manual_seed(0)
     for bs in args.batch:
         # Draft-like logits: a confident head at some depths, a long flat tail.
@@ -169,11 +223,8 @@ def main() -> None:
             if cuda:
                 torch.cuda.set_sync_debug_mode("default")
             line = f"{bs:>3} {budget:>6} {heap_s * 1e3:>9.2f} {batch_s * 1e3:>9.2f} {heap_s / batch_s:>10.1f}"
-            if cuda:
-                replay = graph_replay(dd, logits, budget)
-                if replay is not None:
-                    graph_s = timed(replay, device, args.repeats)
-                    line += f" {graph_s * 1e3:>9.2f} {heap_s / graph_s:>10.1f}"
+            if kernel is not None:
+                line += graphed_columns(dd, kernel, logits, budget, heap_s, args.repeats)
             print(line, flush=True)
 
 

@@ -1,0 +1,233 @@
+"""Overlay ddtree 0.3.0-rc.3's fused Triton tree builder (``ddtree_build.py``) against the torch batch
+builder and the reference heap, on the CPU through Triton's interpreter (numpy, float64 as on the GPU).
+
+The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
+imported), so the kernels run in one child process started with that variable: nothing of it reaches
+this process or other tests, whatever order pytest runs them in. The child builds every case through
+rc.3's own ``build_ddtree_batch`` with its CUDA dispatch pointed at the interpreted kernels (the path
+the GPU takes, top-K included) and hands the trees back; the comparisons run here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+SPEC = "ddtree@0.3.0-rc.3"
+KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
+UTILS = "sglang/srt/speculative/ddtree_utils.py"
+FIELDS = ("tokens", "depths", "parents", "visibility", "scores", "num_nodes")
+FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
+
+# (family, bs, L, V, budgets): every tie-heavy family of conftest.py; the interpreter takes a few ms
+# per popped node, so the whole file runs in well under a minute on one core.
+CASES = [(family, 2, 7, 60, [1, 5, 16, 64, 150]) for family in FAMILIES] + [
+    ("integer", 1, 15, 40, [512, 1024]),  # the serving budgets, on a tie-heavy small vocabulary
+    ("bf16", 1, 15, 48, [512]),
+    ("integer", 2, 5, 6, [16, 32]),  # small trees full of exact ties between different parents' children
+    ("integer", 2, 4, 3, [2, 120, 200]),  # K = V = 3 < budget; 200 > the whole 3-ary tree (120 nodes)
+    ("flat", 2, 1, 50, [10, 50, 80]),  # L = 1
+]
+MINUS_INF_BUDGETS = [1, 3, 40]
+# Trials of test_tree_build's engineered_rounding_logits whose heap scores at budget 400 hang on float64
+# roundings of the sibling fold (where the torch builder's one replay pass gives up).
+ROUNDING_TRIALS = [1, 7, 10]
+ROUNDING_BUDGET = 400
+NAMES = (
+    [f"{f}-bs{bs}-L{length}-V{v}-B{b}" for f, bs, length, v, budgets in CASES for b in budgets]
+    + [f"minus-inf-rows-B{b}" for b in MINUS_INF_BUDGETS]
+    + [f"rounding-{trial}-B{ROUNDING_BUDGET}" for trial in ROUNDING_TRIALS]
+)
+# The interpreter runs the GPU's one-reduction pop element by element: small trees only.
+ONE_REDUCTION = [n for n in NAMES if int(n.rsplit("-B", 1)[1]) <= 32]
+MakeLogits = Callable[[str, tuple[int, ...], int], torch.Tensor]
+
+
+def minus_inf_rows() -> torch.Tensor:
+    """Request 0: depth 2 fully masked (log_softmax gives NaN there), so its tree stops at depth 1;
+    request 1: depth 1 fully masked, a root-only tree; request 2: one finite token per depth, a chain."""
+    logits = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(5))
+    logits[0, 1] = float("-inf")
+    logits[1, 0] = float("-inf")
+    logits[2] = float("-inf")
+    logits[2, :, 3] = 1.0
+    return logits
+
+
+def all_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
+    """NAMES -> (logits [bs, L, V], budget)."""
+    from tests.ddtree.test_tree_build import engineered_rounding_logits
+
+    logits = [make_logits(f, (bs, length, v), length * 1000 + v) for f, bs, length, v, budgets in CASES for _ in budgets]
+    budgets = [b for *_, case_budgets in CASES for b in case_budgets]
+    logits += [minus_inf_rows()] * len(MINUS_INF_BUDGETS)
+    budgets += MINUS_INF_BUDGETS
+    rng = torch.Generator().manual_seed(0)  # the seed of test_tree_build's rounding tests
+    rounding = [engineered_rounding_logits(rng)[None] for _ in range(max(ROUNDING_TRIALS) + 1)]
+    logits += [rounding[trial] for trial in ROUNDING_TRIALS]
+    budgets += [ROUNDING_BUDGET] * len(ROUNDING_TRIALS)
+    return dict(zip(NAMES, zip(logits, budgets, strict=True), strict=True))
+
+
+@pytest.fixture(scope="module")
+def rc3(decode_tool: ModuleType) -> ModuleType:
+    """rc.3's ddtree_utils.py (its torch builder: what the kernels must equal)."""
+    return decode_tool.load_overlay_module(SPEC, UTILS)
+
+
+@pytest.fixture(scope="module")
+def cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
+    return all_cases(make_logits)
+
+
+@pytest.fixture(scope="module")
+def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tuple[torch.Tensor, int]]) -> dict[str, dict]:
+    """Every case built by the interpreted kernels, in one child process; also the launcher's refusals."""
+    from ddtree_deploy.catalog import load_overlay
+    from tests.ddtree.conftest import OVERLAYS
+
+    work = tmp_path_factory.mktemp("triton")
+    overlay = load_overlay(SPEC, OVERLAYS)
+    for path in (KERNEL, UTILS):  # the interpreter reads a kernel's source from its file
+        (work / Path(path).name).write_bytes(overlay.content_of(path, None))
+    torch.save(cases, work / "cases.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    child = subprocess.run([sys.executable, __file__, str(work)], env=env, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-4000:]
+    return torch.load(work / "trees.pt")
+
+
+def kernel_batch(rc3: ModuleType, built: dict, budget: int) -> object:
+    return rc3.DDTreeBatch(**built, budget=budget)
+
+
+# --------------------------------------------------------------------------- the comparisons
+@pytest.mark.parametrize(
+    ("name", "pop"), [(n, "two-reductions") for n in NAMES] + [(n, "one-reduction") for n in ONE_REDUCTION]
+)
+def test_kernel_trees_equal_the_heap_and_the_torch_builder(
+    rc3: ModuleType, cases: dict[str, tuple[torch.Tensor, int]], from_kernels: dict[str, dict], name: str, pop: str
+) -> None:
+    """Both ways of popping (the interpreter's two reductions, the GPU's one) on every case they ran."""
+    from tests.ddtree.test_tree_build import assert_same_tree
+
+    logits, budget = cases[name]
+    got = kernel_batch(rc3, from_kernels[f"{name}/{pop}"], budget)
+    torch_batch = rc3.build_ddtree_batch(logits, budget)
+    assert got.max_depth == torch_batch.max_depth and got.scores_exact.all()
+    for field in FIELDS:  # same padding, dtypes and shapes as the torch builder's
+        value, expected = getattr(got, field), getattr(torch_batch, field)
+        assert value.dtype == expected.dtype and value.shape == expected.shape, field
+        if torch_batch.scores_exact.all():
+            assert torch.equal(value, expected), field
+    for b in range(logits.shape[0]):  # the heap, node for node, float64 score bits included
+        single = rc3.build_ddtree_tree(logits[b], budget)
+        assert int(got.num_nodes[b]) == single.num_nodes
+        assert_same_tree(single, got.tree(b))
+        rc3.assert_prefix_closed(got.tree(b))
+
+
+def test_the_cases_hold_what_the_kernel_must_get_right(rc3: ModuleType, cases: dict, from_kernels: dict) -> None:
+    """Exact score ties inside trees, a token under many parents, short and root-only trees, and scores
+    that differ from the closed form parent + logp (the fold's float64 rounding, where the torch
+    builder's one replay pass gives up): the cases are hard."""
+    from tests.ddtree.test_tree_build import rank_paths
+
+    trees = {name: kernel_batch(rc3, from_kernels[f"{name}/two-reductions"], cases[name][1]) for name in NAMES}
+    tied = repeated = 0
+    for tree in trees.values():
+        for b in range(tree.num_nodes.shape[0]):
+            one = tree.tree(b)
+            tied += one.scores.unique().numel() < one.num_nodes
+            pairs = set(zip(one.tokens.tolist(), one.parents[1:].tolist(), strict=True))
+            tokens = [token for token, _ in pairs]
+            repeated += max((tokens.count(t) for t in tokens), default=0) >= 3
+    assert tied >= 10 and repeated >= 10, (tied, repeated)
+    assert trees["integer-bs2-L4-V3-B200"].num_nodes.tolist() == [120, 120]
+    assert trees["minus-inf-rows-B40"].num_nodes.tolist() == [16, 0, 4]
+    assert trees["integer-bs1-L15-V40-B1024"].num_nodes.tolist() == [1024]
+    for name in (n for n in NAMES if n.startswith("rounding")):
+        logits, budget = cases[name][0][0], cases[name][1]
+        tree = trees[name].tree(0)
+        top, _ = rc3._ddtree_top_k(logits, min(budget, logits.shape[-1]))
+        parents, scores = tree.parents.tolist(), [0.0] + tree.scores.tolist()
+        closed_form = [scores[parents[i]] + top[len(p) - 1, p[-1]].double().item() for i, p in enumerate(rank_paths(rc3, logits, tree), 1)]
+        assert closed_form != scores[1:], name
+        assert not rc3.build_ddtree_batch(logits[None], budget).scores_exact.all(), name
+
+
+def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
+    assert from_kernels["refusals"] == [
+        "budget must be in [1, 65536), got 0.",
+        "budget must be in [1, 65536), got 65536.",
+        "log_probs must be [bs, 1..255, 1..budget], got (1, 2, 5).",
+        "top_tokens must have shape (1, 2, 3), got (1, 2, 4).",
+    ]
+
+
+@pytest.mark.parametrize("budget", [0, -3])
+def test_non_positive_budgets_stay_root_only_without_the_kernel(
+    rc3: ModuleType, monkeypatch: pytest.MonkeyPatch, budget: int
+) -> None:
+    monkeypatch.setattr(rc3, "_ddtree_triton_builder", lambda device: pytest.fail("kernel called"))
+    batch = rc3.build_ddtree_batch(torch.randn(2, 4, 16), budget)
+    assert batch.num_nodes.tolist() == [0, 0] and batch.parents.shape == (2, max(budget, 0) + 1)
+
+
+def test_the_cpu_keeps_the_torch_builder(rc3: ModuleType) -> None:
+    assert rc3._ddtree_triton_builder(torch.device("cpu")) is None
+
+
+# --------------------------------------------------------------------------- the child process
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_rc3", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _refusals(kernel: ModuleType) -> list[str]:
+    calls = [
+        (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3, dtype=torch.int64), 0),
+        (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3, dtype=torch.int64), 1 << 16),
+        (torch.zeros(1, 2, 5), torch.zeros(1, 2, 5, dtype=torch.int64), 4),
+        (torch.zeros(1, 2, 3), torch.zeros(1, 2, 4, dtype=torch.int64), 4),
+    ]
+    messages = []
+    for log_probs, top_tokens, budget in calls:
+        try:
+            kernel.build_ddtree_trees_triton(log_probs=log_probs, top_tokens=top_tokens, budget=budget)
+        except ValueError as err:
+            messages.append(str(err))
+    return messages
+
+
+def _build_with_kernels(work: Path) -> None:
+    """rc.3's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels."""
+    assert os.environ["TRITON_INTERPRET"] == "1" and "triton" not in sys.modules
+    torch.set_num_threads(1)
+    utils, kernel = _load(work / Path(UTILS).name), _load(work / Path(KERNEL).name)
+    trees: dict[str, object] = {"refusals": _refusals(kernel)}
+    cases = torch.load(work / "cases.pt")
+    for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
+        builder = functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction")
+        utils._ddtree_triton_builder = lambda device, builder=builder: builder
+        for name in names:
+            tree = utils.build_ddtree_batch(*cases[name])
+            trees[f"{name}/{pop}"] = {field: getattr(tree, field) for field in (*FIELDS, "scores_exact", "max_depth")}
+    torch.save(trees, work / "trees.pt")
+
+
+if __name__ == "__main__":
+    _build_with_kernels(Path(sys.argv[1]))
