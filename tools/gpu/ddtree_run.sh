@@ -19,6 +19,8 @@
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
 # deduplicated conv-window layout left on). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
 # default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
+# A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev) runs on /tmp/site_prev, overlay ddtree
+# $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -34,6 +36,7 @@ if [ -f "$G/triton_cache.tar.gz" ] && [ ! -d /tmp/jitcache/triton ]; then mkdir 
 V=overlays/ddtree/${DDTREE_VERSION:-0.2.2}
 if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "$V" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
 if [[ " ${CASES[*]} " == *_fault\ * ]] && [ ! -f /tmp/site_fault/.done ]; then rm -rf /tmp/site_fault && cp -a /tmp/site /tmp/site_fault && SKIP_PATCHES=sglang/srt/mem_cache/memory_pool.py.diff bash tools/gpu/apply_overlay.sh "$V" /tmp/site_fault && touch /tmp/site_fault/.done || { echo "fault overlay apply failed"; exit 1; }; fi
+if [[ " ${CASES[*]} " == *_prev\ * ]] && [ ! -f /tmp/site_prev/.done ]; then rm -rf /tmp/site_prev && cp -a /tmp/site /tmp/site_prev && bash tools/gpu/apply_overlay.sh "overlays/ddtree/${DDTREE_PREV:-0.2.2}" /tmp/site_prev && touch /tmp/site_prev/.done || { echo "previous overlay apply failed"; exit 1; }; fi
 echo "[$(el)s] sites ready"
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 [ -d /tmp/models/hybrid ] || PYTHONPATH=/tmp/site python3 -c "
@@ -51,6 +54,8 @@ declare -A CASE=(
   [copy_ddtree16]="--model-path $M/target_copy $DD 16 --speculative-draft-model-path $M/dflash_copy"
   [copy_ddtree64]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy"
   [copy_ddtree64_safe]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy --speculative-ddtree-debug --disable-cuda-graph --disable-overlap-schedule"
+  [copy_ddtree16_prev]="--model-path $M/target_copy $DD 16 --speculative-draft-model-path $M/dflash_copy"
+  [copy_ddtree64_prev]="--model-path $M/target_copy $DD 64 --speculative-draft-model-path $M/dflash_copy"
   [copy_ddtree256]="--model-path $M/target_copy $DD 256 --speculative-draft-model-path $M/dflash_copy"
   [plain]="--model-path $M/target"
   [dflash]="--model-path $M/target --speculative-algorithm DFLASH --speculative-draft-model-path $M/dflash_draft"
@@ -83,7 +88,7 @@ declare -A PORT PID
 i=0
 for c in "${CASES[@]}"; do
   PORT[$c]=$((30000 + i)); i=$((i + 1))
-  site=/tmp/site; case $c in *_fault) site=/tmp/site_fault;; *ddtree*|refuse_*) site=/tmp/site_dd;; esac
+  site=/tmp/site; case $c in *_fault) site=/tmp/site_fault;; *_prev) site=/tmp/site_prev;; *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
   base=${c%$(suffix_of "$c")}
   be=$(backend_of "$c")
