@@ -13,6 +13,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+
+from ddtree_deploy.benchmark.sweep import DEFAULT_PROMPTS
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -48,6 +51,20 @@ def test_smoke_run_writes_a_loadable_target_and_tokenizer(pair: Path) -> None:
     log = json.loads((pair / "train_log.json").read_text())
     assert log["files"] > 0 and [e["phase"] for e in log["log"]][-1] == "drafter"
     assert log["draft_parameters_filled"] == 3 + 8 * log["config"]["draft_layers"]
+    assert 1 <= log["chain_acceptance_bench_prompts"] <= log["config"]["block"]
+
+
+def test_offline_rounds_on_the_bench_prompts_are_a_bench_baseline(pair: Path) -> None:
+    """The bench's prompts decoded offline, read as `bench --baseline FILE=dflash` reads them: one greedy
+    mean per prompt text, keyed as the server bench's own requests are."""
+    from ddtree_deploy.benchmark.baseline import read_baseline
+
+    baseline = read_baseline(f"{pair / 'dflash_offline_bench_prompts.json'}=dflash")
+    assert set(baseline.requests["dflash"]) == {json.dumps(p) for p in DEFAULT_PROMPTS}
+    log = json.loads((pair / "train_log.json").read_text())
+    assert baseline.acceptance["dflash"].mean == log["chain_acceptance_bench_prompts"]
+    corpus = read_baseline(f"{pair / 'dflash_offline_corpus.json'}=dflash")
+    assert len(corpus.requests["dflash"]) == log["config"]["eval_prompts"]
 
 
 def test_draft_checkpoint_is_what_sglangs_dflash_loader_expects(pair: Path, tmp_path: Path) -> None:
@@ -56,6 +73,7 @@ def test_draft_checkpoint_is_what_sglangs_dflash_loader_expects(pair: Path, tmp_
     config = json.loads((draft / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] == 8
     assert config["dflash_config"]["mask_token"] == "<|MASK|>"
+    assert config["layer_types"] == ["full_attention"] and "is_causal" not in config  # SGLang: bidirectional
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(pair / "target")
@@ -75,3 +93,16 @@ def test_draft_checkpoint_is_what_sglangs_dflash_loader_expects(pair: Path, tmp_
     save_file(weights, str(broken / "model.safetensors"))
     with pytest.raises(AssertionError, match="the loader would ignore it"):
         script.check_draft_checkpoint(broken)
+
+
+def test_blocks_see_what_sglangs_draft_forward_sees() -> None:
+    """A block at anchor p sits at positions p..p+S-1 with the bonus tok[p] first, sees the context
+    0..p-1 and all of its own block (SGLang's draft layers are ENCODER_ONLY), never another block."""
+    script = _script()
+    ids = torch.arange(100, 120)[None]
+    block_ids, positions, visible = script.block_inputs(ids, torch.tensor([[3, 9]]), 4, 7, 20)
+    assert block_ids.tolist() == [[103, 7, 7, 7, 109, 7, 7, 7]]
+    assert positions.tolist() == [[3, 4, 5, 6, 9, 10, 11, 12]]
+    ctx, blocks = visible[0, :, :20], visible[0, :, 20:]
+    assert ctx.sum(1).tolist() == [3] * 4 + [9] * 4 and ctx[:4, :3].all() and ctx[4:, :9].all()
+    assert blocks.tolist() == [[q // 4 == k // 4 for k in range(8)] for q in range(8)]

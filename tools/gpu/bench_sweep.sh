@@ -18,9 +18,9 @@ if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz
 mkdir -p /tmp/jitcache; [ -f "$G/jitcache.tar.gz" ] && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache
 M=/tmp/models/trained
 if [ ! -f "$M/train_log.json" ]; then
-  PYTHONPATH=/tmp/site python3 tools/gpu/train_tiny_pair.py --out "$M" --seed "${SEED:-0}" 2>&1 | tail -n 25 || exit 1
+  PYTHONPATH=$R:/tmp/site python3 tools/gpu/train_tiny_pair.py --out "$M" --seed "${SEED:-0}" 2>&1 | tail -n 25 || exit 1
 fi
-cp "$M/train_log.json" "$OUT/" && echo "[$(el)s] pair ready: $(python3 -c "import json; print(json.load(open('$M/train_log.json'))['chain_acceptance_offline'])") offline chain acceptance"
+cp "$M/train_log.json" "$OUT/" && echo "[$(el)s] pair ready, offline chain acceptance: $(python3 -c "import json; d = json.load(open('$M/train_log.json')); print(d['chain_acceptance_offline'], 'corpus,', d.get('chain_acceptance_bench_prompts'), 'on the bench prompts')")"
 
 . tools/gpu/local_host.sh
 local_host_inventory "$OUT/inventory.yaml" "$M/target" "$M/dflash_draft" 0.2 65536 "$BATCH"
@@ -35,6 +35,9 @@ tool 240 restart --host h200
 tool 300 push --host h200 --overlay "ddtree@$V"
 EXTRA=(); [ "${DFLASH:-1}" = 1 ] || EXTRA+=(--no-dflash); [ "${TREE_STATS:-1}" = 1 ] || EXTRA+=(--no-tree-stats)
 [ -n "${BASELINE:-}" ] && EXTRA+=(--baseline "$BASELINE")
+# the trainer's offline DFLASH rounds on these same prompts: greedy commits the same tokens, so the
+# server's DFLASH must match them request by request (the bench lists the prompts that differ)
+[ "${DFLASH:-1}" = 1 ] && [ -f "$M/dflash_offline_bench_prompts.json" ] && EXTRA+=(--baseline "$M/dflash_offline_bench_prompts.json=dflash")
 tool "${BENCH_TIMEOUT:-3000}" bench --host h200 --budgets "$BUDGETS" --batch "$BATCH" --results "$OUT/sweep" "${EXTRA[@]}"
 [ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" -C /tmp/jitcache . 2>/dev/null
 echo "[$(el)s] done; $(ls "$OUT/sweep" 2>/dev/null | tr '\n' ' ')"

@@ -16,16 +16,24 @@ What it writes under --out:
   `layers.{i}.self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`, `mlp.{gate,up,down}_proj`, the two
   layer norms, `norm`, `fc` `[hidden, K*hidden]` and `hidden_norm`. The loader silently ignores a
   name it does not know, so `check_draft_checkpoint` proves every weight lands on a parameter.
-- `train_log.json`: the arguments, corpus size, losses, and the drafter's offline chain acceptance
-  (greedy, pure torch, the same round as SGLang's DFLASH worker) on held-out prompts.
+- `dflash_offline_{corpus,bench_prompts}.json`: the drafter's offline DFLASH rounds (greedy, pure
+  torch, the worker's round, the drafter loaded back from its checkpoint), in the bench's JSON
+  schema, on held-out corpus prompts and on the bench's own prompts (`ddtree_deploy.benchmark.sweep
+  .DEFAULT_PROMPTS`, 128 tokens each). Greedy decoding commits the same tokens offline and online, so
+  a server bench of this pair must match the latter request by request (`--baseline FILE=dflash`);
+  the corpus number is a different set of prompts and is not comparable with a server bench.
+- `train_log.json`: the arguments, corpus size, losses, both acceptance means.
 
 The drafter is distilled from the target: sequences are the target's own greedy continuations of
-corpus prompts, its features are the target's hidden states at `target_layer_ids` (the output of
-layer k, which SGLang captures as `layers_to_capture = k + 1`, i.e. transformers' `hidden_states[k + 1]`),
-and it learns to predict the target's next S - 1 tokens from the context's features and a block
-`[bonus, MASK x (S-1)]`, as SGLang runs it: context K/V from `hidden_norm(fc(features))` (k_norm and
-RoPE at the context positions, no layer norm), block queries attending to the context before the
-block and to the whole block, the target's lm_head on the draft's final norm, block positions 1..S-1.
+corpus prompts of several lengths (down to a few tokens, as the bench's prompts are: the server
+drafts from every context length a request passes through), its features are the target's hidden states at
+`target_layer_ids` (the output of layer k, which SGLang captures as `layers_to_capture = k + 1`, i.e.
+transformers' `hidden_states[k + 1]`), and it learns to predict the target's next S - 1 tokens from the
+context's features and a block `[bonus, MASK x (S-1)]`, as SGLang runs it: context K/V from
+`hidden_norm(fc(features))` (k_norm and RoPE at the context positions, no layer norm), block queries
+attending to the context before the block and to the whole block (SGLang's draft layers are
+ENCODER_ONLY, i.e. bidirectional), the target's lm_head on the draft's final norm, block positions
+1..S-1.
 """
 
 from __future__ import annotations
@@ -44,6 +52,11 @@ import torch.nn.functional as F
 from torch import nn
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
+#: Shared by the target, the drafter and the drafter's config.json (SGLang builds the draft's RoPE and
+#: norms from that file: dflash.py DFlashAttention reads `get_rope_config`, `rms_norm_eps`, `head_dim`).
+ROPE_THETA = 10000.0
+RMS_EPS = 1e-6
+MAX_POSITIONS = 4096
 
 
 @dataclass
@@ -62,7 +75,7 @@ class Config:
     batch: int = 64
     target_steps: int = 3000
     target_lr: float = 1e-3
-    prompt_len: int = 64
+    prompt_lens: tuple[int, ...] = (4, 8, 16, 32, 64)  # distillation prompts, cycled; eval windows: the longest
     distill_sequences: int = 4096
     distill_new_tokens: int = 192
     draft_steps: int = 3000
@@ -73,10 +86,14 @@ class Config:
     max_corpus_mb: float = 48.0
     max_files: int = 0  # 0: every file
 
+    @property
+    def intermediate(self) -> int:
+        return 3 * self.hidden
+
     @classmethod
     def smoke(cls) -> Config:
         return cls(vocab=512, hidden=64, layers=4, heads=2, kv_heads=1, head_dim=32, target_layer_ids=(0, 2),
-                   draft_layers=1, block=8, seq=64, batch=8, target_steps=20, prompt_len=16, distill_sequences=16,
+                   draft_layers=1, block=8, seq=64, batch=8, target_steps=20, prompt_lens=(4, 16), distill_sequences=16,
                    distill_new_tokens=32, draft_steps=20, anchors=4, eval_prompts=2, eval_new_tokens=16,
                    max_corpus_mb=1.0, max_files=40)
 
@@ -131,13 +148,13 @@ def make_target(cfg: Config, tokenizer):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    conf = Qwen3Config(vocab_size=len(tokenizer), hidden_size=cfg.hidden, intermediate_size=3 * cfg.hidden,
+    conf = Qwen3Config(vocab_size=len(tokenizer), hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
                        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
-                       head_dim=cfg.head_dim, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                       head_dim=cfg.head_dim, max_position_embeddings=MAX_POSITIONS, rms_norm_eps=RMS_EPS,
                        tie_word_embeddings=False, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos,
                        torch_dtype="bfloat16")
     if hasattr(conf, "rope_parameters"):  # transformers 5.x names it so; SGLang reads either
-        conf.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+        conf.rope_parameters = {"rope_type": "default", "rope_theta": ROPE_THETA}
     return Qwen3ForCausalLM(conf)
 
 
@@ -199,6 +216,23 @@ def greedy_continuations(model, prompts: torch.Tensor, new_tokens: int, chunk: i
     return torch.cat(outs)
 
 
+def distill_rows(model, prompts: torch.Tensor, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's greedy continuations of `prompts` ([N, max(prompt_lens)] corpus windows), row i cut to
+    `prompt_lens[i % len]` tokens and continued to `max(prompt_lens) + distill_new_tokens` in all: the
+    rows [N, T] and each row's first generated position [N]. Several lengths, because the server drafts
+    from every context length a request passes through, from its prompt on (the bench's prompts are
+    short: tens of tokens at most), where 64-token prompts alone never trained a context below 64."""
+    total = max(cfg.prompt_lens) + cfg.distill_new_tokens
+    starts = torch.tensor([cfg.prompt_lens[i % len(cfg.prompt_lens)] for i in range(len(prompts))],
+                          device=prompts.device)
+    rows = torch.empty(len(prompts), total, dtype=prompts.dtype, device=prompts.device)
+    for length in cfg.prompt_lens:
+        pick = (starts == length).nonzero().squeeze(1)
+        if len(pick):  # fewer sequences than lengths leaves some out
+            rows[pick] = greedy_continuations(model, prompts[pick, :length], total - length)
+    return rows, starts
+
+
 @torch.no_grad()
 def target_features(model, ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
     """Concatenated outputs of layers `layer_ids` ([B, T, K*H]): what SGLang's DFLASH captures."""
@@ -208,18 +242,19 @@ def target_features(model, ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tor
 
 # --------------------------------------------------------------------------- drafter (SGLang's DFlashDraftModel)
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float = 1e-6) -> None:
+    def __init__(self, size: int, eps: float = RMS_EPS) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype) * self.weight
+        """SGLang's order (layernorm.py RMSNorm.forward_native, cast_x_before_out_mul off): the weight
+        multiplies in float32, then one cast back to the input's dtype (HF casts before the weight)."""
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = ROPE_THETA) -> torch.Tensor:
     """Neox-style rotary embedding (SGLang's default for Qwen3): x [B, heads, N, D], positions [B, N]."""
     half = x.shape[-1] // 2
     freqs = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
@@ -255,16 +290,16 @@ class Attention(nn.Module):
         k, v = torch.cat([k_ctx, k_blk], dim=2), torch.cat([v_ctx, v_blk], dim=2)
         repeat = self.heads // self.kv_heads
         out = F.scaled_dot_product_attention(q, k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1),
-                                             attn_mask=mask[:, None])
+                                             attn_mask=mask[:, None])  # bool: True where visible
         return self.o_proj(out.transpose(1, 2).reshape(h.shape[0], h.shape[1], -1))
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: Config) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)
-        self.down_proj = nn.Linear(3 * cfg.hidden, cfg.hidden, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -291,7 +326,8 @@ class Drafter(nn.Module):
 
     def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, features: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        """block_embeds [B, N, H] at `positions` [B, N]; features [B, T, K*H] at 0..T-1; mask [B, N, T + N]."""
+        """block_embeds [B, N, H] at `positions` [B, N]; features [B, T, K*H] at 0..T-1; mask [B, N, T + N]
+        (bool, True where a block query sees a context token or a block token)."""
         ctx = self.hidden_norm(self.fc(features))
         ctx_positions = torch.arange(ctx.shape[1], device=ctx.device).expand(ctx.shape[0], -1)
         x = block_embeds
@@ -304,7 +340,10 @@ class Drafter(nn.Module):
 def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block: int, mask_id: int, context: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blocks `[tok[p], MASK...]` at anchors p ([B, A]): their ids and positions ([B, A*S]) and the mask
-    ([B, A*S, context + A*S]): a block sees the context before its anchor and the whole of itself."""
+    ([B, A*S, context + A*S], bool): a block sees the context before its anchor and the whole of itself.
+    That is SGLang's draft forward: positions `seq_lens + 0..S-1` (dflash_worker_v2.py, the block
+    prepare), the committed tokens 0..p-1 from the KV cache as prefix, and a non-causal extend over the
+    block (dflash.py `_get_dflash_layer_attention_params`: ENCODER_ONLY; triton_backend.py: causal off)."""
     b, a = anchors.shape
     offsets = torch.arange(block, device=ids.device)
     positions = (anchors[:, :, None] + offsets).reshape(b, a * block)
@@ -314,22 +353,24 @@ def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block: int, mask_id: 
     which = torch.arange(a, device=ids.device).repeat_interleave(block)
     own = which[:, None] == which[None, :]
     visible = torch.cat([ctx_ok, own.expand(b, -1, -1)], dim=-1)
-    mask = torch.zeros(visible.shape, device=ids.device).masked_fill(~visible, float("-inf"))
-    return block_ids.reshape(b, a * block), positions, mask
+    return block_ids.reshape(b, a * block), positions, visible
 
 
-def train_drafter(drafter: Drafter, target, seqs: torch.Tensor, cfg: Config, mask_id: int, device: str,
-                  log: list[dict]) -> None:
+def train_drafter(drafter: Drafter, target, seqs: torch.Tensor, starts: torch.Tensor, cfg: Config, mask_id: int,
+                  device: str, log: list[dict]) -> None:
+    """`seqs` [N, T] from `distill_rows`, generated from `starts` [N] on: a block's anchor p (its bonus
+    token) lies in [start, T - S], so the bonus and the labels are the target's own greedy tokens."""
     gen = torch.Generator().manual_seed(cfg.seed + 2)
     embed, head = target.get_input_embeddings(), target.lm_head
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.draft_lr, weight_decay=0.01)
     s = cfg.block
     weights = torch.exp(-torch.arange(s - 1, device=device, dtype=torch.float32) / (s / 2))  # nearer depths matter more
-    lo, hi = cfg.prompt_len, seqs.shape[1] - s  # anchors in the target's own continuation
     drafter.train()
     for step in range(cfg.draft_steps):
-        rows = seqs[torch.randint(0, len(seqs), (cfg.batch,), generator=gen)].to(device)
-        anchors = torch.randint(lo, hi + 1, (cfg.batch, cfg.anchors), generator=gen).to(device)
+        pick = torch.randint(0, len(seqs), (cfg.batch,), generator=gen)
+        rows, lo = seqs[pick].to(device), starts[pick].cpu()
+        span = seqs.shape[1] - s - lo + 1  # anchors lo .. T - S, uniformly
+        anchors = (lo[:, None] + (torch.rand(cfg.batch, cfg.anchors, generator=gen) * span[:, None]).long()).to(device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.draft_steps, cfg.draft_lr)
         with torch.no_grad(), _autocast(device):
@@ -337,7 +378,7 @@ def train_drafter(drafter: Drafter, target, seqs: torch.Tensor, cfg: Config, mas
             block_ids, positions, mask = block_inputs(rows, anchors, s, mask_id, rows.shape[1])
             embeds = embed(block_ids)
         with _autocast(device):
-            hidden = drafter(embeds, positions, features, mask.to(embeds.dtype))
+            hidden = drafter(embeds, positions, features, mask)
             logits = head(hidden).float().view(cfg.batch, cfg.anchors, s, -1)[:, :, 1:]
         labels = rows.gather(1, (anchors[:, :, None] + torch.arange(1, s, device=device)).reshape(cfg.batch, -1))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
@@ -348,14 +389,15 @@ def train_drafter(drafter: Drafter, target, seqs: torch.Tensor, cfg: Config, mas
 
 
 @torch.no_grad()
-def chain_acceptance(drafter: Drafter, target, prompts: torch.Tensor, cfg: Config, mask_id: int, device: str
+def chain_acceptance(drafter: Drafter, target, prompts: list[torch.Tensor], cfg: Config, mask_id: int, device: str
                      ) -> list[list[int]]:
-    """DFLASH's greedy round offline (no cache: each round recomputes the context): per prompt, each
-    round's acceptance length (accepted drafts + the bonus)."""
+    """DFLASH's greedy round offline (no cache: each round recomputes the context): per prompt (1-D
+    token ids, any length), each round's acceptance length (accepted drafts + the bonus) until
+    `eval_new_tokens` are out, the prefill's token counted as the server's completion_tokens counts it."""
     s = cfg.block
     out = []
-    for prompt in prompts.to(device):
-        seq = prompt[None]
+    for prompt in prompts:
+        seq = prompt.to(device)[None]
         with _autocast(device):
             bonus = target(input_ids=seq).logits[0, -1].argmax()
         seq, lengths = torch.cat([seq, bonus.view(1, 1)], dim=1), []
@@ -374,6 +416,23 @@ def chain_acceptance(drafter: Drafter, target, prompts: torch.Tensor, cfg: Confi
     return out
 
 
+def offline_results(lengths: list[list[int]], prompts: list, cfg: Config, note: str):  # -> BenchResults
+    """Offline rounds in the bench's JSON schema (variant `dflash`, greedy, batch 1, one request per
+    prompt) and with its arithmetic (`acceptance_of`: mean over requests, pooled histogram), so a
+    server bench compares with it request by request: `ddtree-deploy bench --baseline FILE=dflash`."""
+    from ddtree_deploy.benchmark.results import BenchResults, RequestStats, RunResult, VariantResult, acceptance_of
+
+    requests = [RequestStats(prompt=i, completion_tokens=cfg.eval_new_tokens, rounds=len(x),
+                             accept_counts=[x.count(b) for b in range(1, cfg.block + 1)])
+                for i, x in enumerate(lengths)]
+    run = RunResult(mode="greedy", batch=1, temperature=0.0, requests=requests,
+                    completion_tokens=sum(r.completion_tokens for r in requests), elapsed_s=0.0, tokens_per_s=0.0,
+                    acceptance=acceptance_of(requests, cfg.block))
+    return BenchResults(source="train_tiny_pair", model="trained tiny pair (offline, torch)", block_size=cfg.block,
+                        max_new_tokens=cfg.eval_new_tokens, batch=1, prompts=prompts, note=note,
+                        variants=[VariantResult(variant="dflash", algorithm="DFLASH", runs=[run])])
+
+
 # --------------------------------------------------------------------------- checkpoints
 def save_draft(drafter: Drafter, cfg: Config, folder: Path, vocab: int, mask_id: int) -> None:
     from safetensors.torch import save_file
@@ -383,16 +442,30 @@ def save_draft(drafter: Drafter, cfg: Config, folder: Path, vocab: int, mask_id:
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": vocab,
-        "hidden_size": cfg.hidden, "intermediate_size": 3 * cfg.hidden, "num_hidden_layers": cfg.draft_layers,
+        "hidden_size": cfg.hidden, "intermediate_size": cfg.intermediate, "num_hidden_layers": cfg.draft_layers,
         "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": 1e-6, "attention_bias": False, "max_position_embeddings": 4096,
-        "rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "hidden_act": "silu", "rms_norm_eps": RMS_EPS, "attention_bias": False,
+        "max_position_embeddings": MAX_POSITIONS, "rope_theta": ROPE_THETA,  # transformers 4 reads this,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},  # 5 this (SGLang: either)
+        # full_attention and no `is_causal`: SGLang then makes every draft layer ENCODER_ONLY (dflash.py
+        # _get_dflash_layer_attention_params), the bidirectional block `block_inputs` trains
+        "layer_types": ["full_attention"] * cfg.draft_layers,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "block_size": cfg.block,
         "num_target_layers": cfg.layers,
         "dflash_config": {"target_layer_ids": list(cfg.target_layer_ids), "mask_token": "<|MASK|>",
                           "mask_token_id": mask_id},
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def load_draft(folder: Path, cfg: Config, device: str) -> Drafter:
+    """The drafter as the server holds it: the checkpoint's bf16 weights (held in float32 on CPU, where
+    bf16 matmuls are slow; the values stay bf16's), so the offline numbers are the checkpoint's own."""
+    from safetensors.torch import load_file
+
+    drafter = Drafter(cfg)
+    drafter.load_state_dict(load_file(str(folder / "model.safetensors")))
+    return drafter.to(device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16).eval()
 
 
 def loader_parameters(config: dict) -> dict[str, tuple[int, ...]]:
@@ -424,7 +497,11 @@ def check_draft_checkpoint(folder: Path) -> dict[str, int]:
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"] and config["block_size"] >= 2, config
     ids = config["dflash_config"]["target_layer_ids"]
-    assert all(0 <= i < config["num_target_layers"] - 1 for i in ids), ids
+    # k + 1 is captured (qwen3.py set_dflash_layers_to_capture), so k = L - 1 would capture nothing; the
+    # captures concatenate in layer order (qwen2.py Qwen2Model.forward), `target_features` in list order
+    assert ids == sorted(set(ids)) and all(0 <= i < config["num_target_layers"] - 1 for i in ids), ids
+    assert not config.get("is_causal") and set(config.get("layer_types") or ["full_attention"]) == {
+        "full_attention"}, "SGLang would run the block causally or windowed; the drafter is trained bidirectional"
     expected = loader_parameters(config)
     filled: dict[str, int] = {}
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
@@ -442,6 +519,28 @@ def check_draft_checkpoint(folder: Path) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------- main
+def evaluate(drafter: Drafter, target, tokenizer, held_out: list[list[int]], cfg: Config, mask_id: int, device: str,
+             out: Path) -> list:  # -> [Acceptance, Acceptance]
+    """Offline DFLASH rounds on the held-out corpus prompts and on the bench's default prompts, each
+    written as `out/dflash_offline_{corpus,bench_prompts}.json` (bench schema); their acceptances."""
+    from ddtree_deploy.benchmark.sweep import DEFAULT_PROMPTS
+
+    found = []
+    for name, prompts in (("corpus", held_out), ("bench_prompts", list(DEFAULT_PROMPTS))):
+        ids = [token_ids(p, tokenizer).to(device) for p in prompts]
+        results = offline_results(chain_acceptance(drafter, target, ids, cfg, mask_id, device), prompts, cfg,
+                                  f"offline DFLASH rounds (torch, greedy) on the {name.replace('_', ' ')}")
+        (out / f"dflash_offline_{name}.json").write_text(results.model_dump_json(by_alias=True, indent=1) + "\n")
+        found.append(results.variants[0].acceptance)
+    return found
+
+
+def token_ids(prompt: str | list[int], tokenizer) -> torch.Tensor:
+    """A bench prompt as the server sees it: text through the target's tokenizer, as SGLang's tokenizer
+    manager encodes it (no special tokens added: this tokenizer has no BOS), token ids as they are."""
+    return torch.tensor(prompt if isinstance(prompt, list) else tokenizer(prompt)["input_ids"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -475,21 +574,25 @@ def main() -> None:
     target.to(torch.float32 if options.device == "cpu" else torch.bfloat16)  # CPU matmuls in bf16 are slow
 
     gen = torch.Generator().manual_seed(cfg.seed + 3)
-    prompts = windows(tokens, cfg.prompt_len, cfg.distill_sequences + cfg.eval_prompts, gen).to(options.device)
-    seqs = greedy_continuations(target, prompts[: cfg.distill_sequences], cfg.distill_new_tokens)
+    prompts = windows(tokens, max(cfg.prompt_lens), cfg.distill_sequences + cfg.eval_prompts, gen).to(options.device)
+    seqs, starts = distill_rows(target, prompts[: cfg.distill_sequences], cfg)
     drafter = Drafter(cfg).to(options.device)
-    train_drafter(drafter, target, seqs, cfg, mask_id, options.device, log)
-    save_draft(drafter, cfg, options.out / "dflash_draft", len(tokenizer), mask_id)
-    filled = check_draft_checkpoint(options.out / "dflash_draft")
+    train_drafter(drafter, target, seqs, starts, cfg, mask_id, options.device, log)
+    draft_dir = options.out / "dflash_draft"
+    save_draft(drafter, cfg, draft_dir, len(tokenizer), mask_id)
+    filled = check_draft_checkpoint(draft_dir)
 
-    lengths = chain_acceptance(drafter, target, prompts[cfg.distill_sequences:], cfg, mask_id, options.device)
-    means = [sum(x) / len(x) for x in lengths]
+    held_out = [p.tolist() for p in prompts[cfg.distill_sequences:]]
+    corpus, bench = evaluate(load_draft(draft_dir, cfg, options.device), target, tokenizer, held_out, cfg, mask_id,
+                             options.device, options.out)
     summary = {"config": asdict(cfg), "device": options.device, "files": len(texts), "tokens": len(tokens),
-               "draft_parameters_filled": len(filled), "chain_acceptance_offline": sum(means) / len(means),
+               "draft_parameters_filled": len(filled), "chain_acceptance_offline": corpus.mean,
+               "chain_acceptance_bench_prompts": bench.mean, "p_tau1_bench_prompts": bench.histogram[0],
                "seconds": round(time.time() - started, 1), "log": log}
     (options.out / "train_log.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"offline chain acceptance (greedy, block {cfg.block}): {summary['chain_acceptance_offline']:.2f} "
-          f"over {len(means)} prompts; wrote {options.out} in {summary['seconds']}s", flush=True)
+    print(f"offline chain acceptance (greedy, block {cfg.block}): {corpus.mean:.2f} on {len(held_out)} held-out "
+          f"corpus prompts, {bench.mean:.2f} on the bench's prompts (P(tau=1) {bench.histogram[0]:.2f}); "
+          f"wrote {options.out} in {summary['seconds']}s", flush=True)
 
 
 if __name__ == "__main__":
