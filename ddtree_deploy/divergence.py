@@ -1,9 +1,9 @@
 """Where a greedy answer parts from its reference, and whether a near-tie of the reference explains it.
 
 A bf16 server's numerics change with the batch shape: a verify forward over S tokens and a one-token
-decode can pick different tokens where the target's two best log-probs are within rounding of each other.
-SGLang's own DFLASH parts from plain decoding so on a trained bf16 model (run 15 in
-docs/gpu-validation.md). A split is a `near_tie` when the token taken is the reference's runner-up at that
+decode can pick different tokens where the target's two best log-probs are within rounding of each other;
+SGLang's own DFLASH, with no overlay, parted from plain decoding on 7 of 16 answers of a trained bf16
+pair (run 15 in docs/gpu-validation.md). A split is a `near_tie` when the token taken is the reference's runner-up at that
 position and its log-prob is within `tolerance` nats of the reference's choice; anything else is a
 `mismatch`, and so is every split the reference recorded no log-probs for. Tokens after a split are never
 compared (the two contexts differ from there on).
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-#: nats; the splits seen on bf16 targets had gaps of 0.0-0.5 (shared/GPU.md, run 15)
+#: nats; DFLASH's splits on the all-experts bf16 hybrid had top-2 gaps of 0.0-0.5 (shared/GPU.md)
 DEFAULT_TIE_TOLERANCE = 0.5
 #: what a `/generate` request adds (top-level fields) to get the per-position top two log-probs
 LOGPROB_REQUEST: dict[str, Any] = {"return_logprob": True, "top_logprobs_num": 2}
