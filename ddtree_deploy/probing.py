@@ -106,30 +106,35 @@ def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int, *, l
 
 
 def record_reference(transport: Transport, specs: Sequence[ProbeSpec]) -> Reference:
-    """Record the greedy answers every lossless probe in `specs` will be compared with.
+    """Record the greedy answers every lossless probe in `specs` will be compared with, with their
+    top log-probs when the server decodes plainly (see `_plain_decoding`).
 
     Raises:
         ProbeError: the server did not answer a prompt (call this only while the server is healthy).
     """
     ref = Reference(host=transport.host.name, recorded_at=time.time())
-    for spec in specs:
-        if isinstance(spec, LosslessProbe):
-            for prompt in spec.prompts:
-                if ref.lookup(prompt, spec.max_new_tokens) is None:
-                    ref.outputs.append(_reference_output(transport, prompt, spec.max_new_tokens))
+    lossless = [spec for spec in specs if isinstance(spec, LosslessProbe)]
+    logprobs = bool(lossless) and _plain_decoding(transport)
+    for spec in lossless:
+        for prompt in spec.prompts:
+            if ref.lookup(prompt, spec.max_new_tokens) is None:
+                answer = generate_greedy(transport, prompt, spec.max_new_tokens, logprobs=logprobs)
+                ref.outputs.append(ReferenceOutput(prompt=prompt, max_new_tokens=spec.max_new_tokens,
+                                                   output_ids=answer.output_ids,
+                                                   top_logprobs=divergence.top_logprobs(answer.meta_info)))
     return ref
 
 
-def _reference_output(transport: Transport, prompt: str, max_new_tokens: int) -> ReferenceOutput:
-    """One greedy answer with its top log-probs; without them where the server cannot give them
-    (a speculative server may refuse `return_logprob`), so its splits can only be mismatches."""
+def _plain_decoding(transport: Transport) -> bool:
+    """Whether the live server decodes without a speculative algorithm, the only case where asking for
+    log-probs is safe: SGLang 0.5.17's DFLASH worker (and every DDTREE version) raises on
+    `return_logprob` inside the scheduler, which takes the whole server down. A speculative reference
+    is recorded without them, so every split from it is a mismatch."""
     try:
-        answer = generate_greedy(transport, prompt, max_new_tokens, logprobs=True)
-        top = divergence.top_logprobs(answer.meta_info)
-    except ProbeError:
-        answer, top = generate_greedy(transport, prompt, max_new_tokens), None
-    return ReferenceOutput(prompt=prompt, max_new_tokens=max_new_tokens, output_ids=answer.output_ids,
-                           top_logprobs=top)
+        info = json.loads(http_request(transport, "/server_info").body)
+    except ValueError:
+        return False
+    return isinstance(info, dict) and "speculative_algorithm" in info and not info["speculative_algorithm"]
 
 
 def run_probes(transport: Transport, specs: Sequence[ProbeSpec], reference: Reference | None = None

@@ -5,7 +5,8 @@ It speaks the part of SGLang's HTTP API that ddtree-deploy's probes use: `/healt
 with, resolved to snake_case like SGLang's ServerArgs), `/generate` (greedy output ids derived from
 the prompt by a hash, with `meta_info.spec_accept_length`/`spec_verify_ct`, and with `return_logprob` the top
 `top_logprobs_num` (at most 2) log-probs per token as `meta_info.output_top_logprobs`: the token taken
-and a runner-up that is never the corrupted token), and `/metrics` (with
+and a runner-up that is never the corrupted token; a speculative server dies on `return_logprob` with
+a Traceback, as SGLang 0.5.17's DFLASH and DDTREE schedulers do), and `/metrics` (with
 `--enable-metrics`, as in SGLang). Like the real server it first loads the host's sglang package:
 here every module is byte-compiled (results cached by content hash), and a failure prints a
 Traceback and exits 1. Then, like SGLang's argparse, it refuses (exit 2, a usage error in its log)
@@ -405,6 +406,8 @@ class Handler(BaseHTTPRequestHandler):
         model = self.server.model
         rid = body.get("rid")
         top = min(2, int(body.get("top_logprobs_num") or 0)) if body.get("return_logprob") else 0
+        if body.get("return_logprob") and model.algorithm:
+            fatal(ValueError("%s speculative decoding does not support return_logprob." % model.algorithm))
         if batch:
             rids = rid if isinstance(rid, list) else []
             answers = [model.generate(p, params, rids[i] if i < len(rids) else None, top) for i, p in enumerate(prompt)]

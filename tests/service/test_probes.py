@@ -87,8 +87,24 @@ def test_lossless_mismatch_names_prompt_and_first_differing_token(svc_host: Serv
     assert result.details["gap"] is None  # the corrupted token is not the reference's runner-up
 
 
+def _plain(host: ServiceHost) -> LocalTransport:
+    transport = host.transport(host.spec())
+    report = service.restart(transport, [])
+    assert report.ready, report.log_tail
+    return transport
+
+
+def test_a_speculative_reference_is_recorded_without_log_probs_and_its_server_lives(svc_host: ServiceHost) -> None:
+    transport = _up(svc_host)  # DDTREE: return_logprob would kill it, as it kills SGLang's DFLASH/DDTREE servers
+    reference = record_reference(transport, [LOSSLESS])
+    assert reference.outputs and all(out.top_logprobs is None for out in reference.outputs)
+    assert run_probes(transport, [HttpProbe(kind="http", path="/health")])[0].status == "pass"
+    with pytest.raises(ProbeError):  # the stand-in does die on it, so the test above means something
+        generate_greedy(transport, PROMPTS[0], 32, logprobs=True)
+
+
 def test_reference_keeps_the_top_two_log_probs_of_every_token(svc_host: ServiceHost) -> None:
-    reference = record_reference(_up(svc_host), [LOSSLESS])
+    reference = record_reference(_plain(svc_host), [LOSSLESS])
     for out in reference.outputs:
         assert out.top_logprobs and len(out.top_logprobs) == 32
         assert all(len(row) == 2 and row[0][0] >= row[1][0] for row in out.top_logprobs)
@@ -96,7 +112,7 @@ def test_reference_keeps_the_top_two_log_probs_of_every_token(svc_host: ServiceH
 
 
 def test_lossless_passes_splits_at_near_ties_and_names_each_but_not_with_tolerance_zero(svc_host: ServiceHost) -> None:
-    reference = record_reference(_up(svc_host), [LOSSLESS])
+    reference = record_reference(_plain(svc_host), [LOSSLESS])
     ties = _up(svc_host, "--standin-tie-flips", "0.3")  # bf16-like: the runner-up where it is within 0.3 nats
     [result] = run_probes(ties, [LOSSLESS], reference)
     assert result.status == "pass", result.message
