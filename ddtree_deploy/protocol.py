@@ -148,6 +148,16 @@ class Journal(BaseModel):
     created: list[str] = Field(default_factory=list)
     dirs_created: list[str] = Field(default_factory=list)
     interrupted: Journal | None = Field(default=None, description="restore: the journal it was closing")
+    damaged: DamagedRecord | None = Field(default=None, description="restore: the unreadable journal.json it was "
+                                                                    "closing, its bytes kept at `path` until a "
+                                                                    "restore finishes")
+
+    def damage(self) -> DamagedRecord | None:
+        """The damaged journal this chain of interrupted restores was closing (its bytes' copy), if any."""
+        journal: Journal | None = self
+        while journal is not None and journal.damaged is None:
+            journal = journal.interrupted
+        return journal.damaged if journal is not None else None
 
 
 class LaunchRecord(BaseModel):

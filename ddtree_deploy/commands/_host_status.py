@@ -70,6 +70,10 @@ def _state_notes(state: HostState, host: str) -> list[str]:
              f"snapshot and rewrites it (`ddtree-deploy snapshots --host {host}` lists them)" for d in state.damaged]
     if state.journal:
         notes.append(f"open journal: an operation was interrupted; run `ddtree-deploy rollback --host {host}`")
+        kept = state.journal.damage()
+        if kept is not None:
+            notes.append(f"the interrupted restore was closing a damaged journal.json ({kept.error}); its bytes are "
+                         f"kept at {kept.path} until a rollback finishes")
     if state.deployed and state.deployed.unverified:
         notes.append(f"{state.deployed.label} was applied but never verified (the push that applied it did not "
                      f"finish its probes): push it again to restart and probe it, or `ddtree-deploy rollback "

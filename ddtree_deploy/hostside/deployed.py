@@ -24,7 +24,7 @@ def mark_verified(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     + digest: the digest of the overlay the probes ran against; refused (state_changed) when
       state.json records another one now.
     """
-    refuse_if_busy(ctx)
+    refuse_if_busy(ctx, "mark_verified")
     state = read_record(ctx, "state.json") or {}
     if not state.get("overlay") or state.get("digest") != args.get("digest"):
         raise HelperFailure("state_changed",
@@ -46,8 +46,8 @@ def adopt(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     own files as installed become its post-images. With nothing deployed it records the package as
     installed. The snapshot becomes both the rollback target and the base.
     """
+    refuse_if_busy(ctx, "adopt")
     ctx.ensure_state_dir()
-    refuse_if_busy(ctx)
     state = read_record(ctx, "state.json") or {}
     owned = sorted(state.get("files") or {}) if state.get("overlay") else []
     base = load_manifest(ctx, str(state.get("base_snapshot") or "")) if owned else None

@@ -1,6 +1,7 @@
 """The host lock and the `state` op: who holds the host, what is deployed, whether a journal is open.
 
-`refuse_if_busy` is what every change asks first: no open (or damaged) journal, and no live lock of another owner.
+`refuse_if_busy` is what every change asks first: no open (or damaged) journal, and the lock held by the caller
+(`require_lock`, which `restore` asks alone: it is the op that closes journals).
 """
 
 from __future__ import annotations
@@ -114,9 +115,14 @@ def state(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
-def refuse_if_busy(ctx: Context) -> None:
-    """A change refuses while a journal is open (interrupted operation, or a journal too damaged to read) or
-    another owner holds the lock."""
+def refuse_if_busy(ctx: Context, op: str) -> None:
+    """What a change asks first: no open journal (interrupted operation, or one too damaged to read), and the
+    host lock held by its caller (`require_lock`)."""
+    refuse_open_journal(ctx)
+    require_lock(ctx, op)
+
+
+def refuse_open_journal(ctx: Context) -> None:
     journal = read_record(ctx, "journal.json")
     if journal is not None:
         raise HelperFailure(
@@ -126,14 +132,34 @@ def refuse_if_busy(ctx: Context) -> None:
             "run `ddtree-deploy rollback --host HOST` to restore snapshot %s" % journal.get("snapshot"),
             journal=journal,
         )
-    held = read_lock(ctx)
-    if held and held.get("owner") != ctx.owner and held.get("expires", 0) > time.time():
+
+
+def require_lock(ctx: Context, op: str) -> None:
+    """Refuse `op` unless the lock names its caller: a playbook without `preflight` (the step that locks) must not
+    race another controller. A lock of ours that expired still counts: expiry only lets another controller take it
+    over, and then it names them. Code `locked` while another owner's lock is live, else `not_locked`."""
+    held = read_lock(ctx) or {}
+    owner = held.get("owner")
+    if ctx.owner and owner == ctx.owner:
+        return
+    if ctx.owner and owner is not None and held.get("expires", 0) > time.time():
         raise HelperFailure(
-            "locked",
-            "host is locked by %s" % held.get("owner"),
-            "wait for that operation to finish",
-            holder=held,
-        )
+            "locked", "%s refused: the host is locked by %s since %s" % (op, owner, _iso(held.get("started"))),
+            "wait for that operation to finish, or `ddtree-deploy unlock --host HOST --force` if it is dead",
+            holder=held)
+    raise HelperFailure("not_locked", "%s refused: %s" % (op, _why_not_held(ctx, held)),
+                        "lock the host first: begin the playbook with a `preflight` step (it takes the lock)",
+                        holder=held or None)
+
+
+def _why_not_held(ctx: Context, held: Dict[str, Any]) -> str:
+    if not ctx.owner:
+        return "the request names no owner, so it holds no lock"
+    if held.get("unreadable"):
+        return "the host lock file cannot be read (it counts as expired)"
+    if held.get("owner") is not None:
+        return "the host lock of %s expired at %s" % (held["owner"], _iso(held.get("expires")))
+    return "nobody holds the host lock"
 
 
 def record_launch(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:

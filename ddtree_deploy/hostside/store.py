@@ -36,7 +36,7 @@ from .common import (
     read_record_or_damage,
     remove_quietly,
 )
-from .locks import refuse_if_busy
+from .locks import refuse_if_busy, refuse_open_journal, require_lock
 from .objects import Added, Collector, ObjectStore
 from .package import RACY_NS, Entry, StatCache, checked_path, scan
 
@@ -75,8 +75,8 @@ def snapshot(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     + reason: why (e.g. "pre-push"); fingerprint: the host's fingerprint, kept verbatim;
       overlay: what is deployed (default: state.json's record).
     """
+    refuse_if_busy(ctx, "snapshot")
     ctx.ensure_state_dir()
-    refuse_if_busy(ctx)
     state = read_record(ctx, "state.json")  # what the manifest records as deployed: unreadable, no snapshot
     return take_snapshot(ctx, str(args.get("reason") or ""), args.get("fingerprint"), state,
                          args.get("overlay") or overlay_label(state))
@@ -224,8 +224,11 @@ def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise HelperFailure("bad_request", "keep must be an integer >= 1, got %r" % (keep,),
                             "pass --keep N with N >= 1")
+    dry_run = bool(args.get("dry_run"))
+    refuse_open_journal(ctx)
+    if not dry_run:  # a dry run changes nothing: `prune --dry-run` takes no lock
+        require_lock(ctx, "prune")
     ctx.ensure_state_dir()
-    refuse_if_busy(ctx)
     summaries = list_summaries(ctx)
     state = read_record(ctx, "state.json") or {}  # damaged: the rollback target is unknown, so nothing goes
     kept = ids_of([s["id"] for s in summaries[-keep:]] + [state.get("snapshot"), base_of(state)])
@@ -235,7 +238,6 @@ def prune(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     kept |= ids_of([x for m in manifests.values() for x in (base_of(m.get("state")), rollback_target(m.get("state")))])
     manifests.update({i: read_json(manifest_path(ctx, i)) or {} for i in kept - set(manifests)})
     dropped = [s["id"] for s in summaries if s["id"] not in kept]
-    dry_run = bool(args.get("dry_run"))
     if not dry_run:
         for snap_id in dropped:
             remove_quietly(manifest_path(ctx, snap_id))

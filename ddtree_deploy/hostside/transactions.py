@@ -4,7 +4,17 @@ A change stages every byte it needs (objects, temp files beside their targets) b
 anything into place, so a full disk or a read-only folder fails with the package untouched. The
 journal (`journal.json`, present only while a transaction is open) is written first and removed
 last, so a kill at any instant leaves a journal that the next command sees and that `restore`
-closes. A restore re-reads only the paths it touched on top of its own scan.
+closes. A restore re-reads only the paths it touched on top of its own scan. Both ops refuse a caller
+that does not hold the host lock (`locks.require_lock`).
+
+A journal.json that cannot be read (a disk that filled mid-write, a hand edit) is never replaced
+by a made-up one, and only `restore --to SNAPSHOT` closes it: the restore first keeps the damaged
+bytes as `journal.json.damaged-<time>-<pid>` (a hard link) and names that copy under `damaged` in its
+own journal. If the restore fails before it changes a package file, the damaged bytes go back to
+journal.json as they were, so `state` still names the damage and the same rollback can be tried
+again. If it stops later, its own journal stays open (a rollback must finish it) and still names the
+copy. Only a restore that finishes (package verified, state.json rewritten) removes the copies,
+noting the damage in its history line.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from .common import (
     staged_bytes,
     write_json,
 )
-from .locks import refuse_if_busy
+from .locks import refuse_if_busy, require_lock
 from .objects import ObjectStore, hash_file
 from .package import Entry, StatCache, checked_path, lstat_or_none, path_entry, scan, sha_of_file
 from .store import list_summaries, load_manifest, overlay_label
@@ -56,8 +66,8 @@ def apply(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
       sha256: post-image or null, mode, content: base64}]
     + state: {overlay, version, digest, snapshot (rollback target), base_snapshot, files}
     """
+    refuse_if_busy(ctx, "apply")
     ctx.ensure_state_dir()
-    refuse_if_busy(ctx)
     changes = list(args.get("changes") or [])
     new_state = dict(args.get("state") or {})
     check_plan(ctx, changes, new_state)
@@ -287,10 +297,12 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     """Put the package back exactly as `snapshot` recorded it (default: the open journal's, else state's).
 
     Changed and missing files come back from the store, files the snapshot lacks are removed, modes
-    are restored, and the result is re-hashed. An open journal is closed by this op only.
+    are restored, and the result is re-hashed. An open journal is closed by this op only, a damaged
+    one as the module docstring says.
     """
+    require_lock(ctx, "restore")
     ctx.ensure_state_dir()
-    journal, target = restore_target(ctx, args.get("snapshot"))
+    journal, damage, target = restore_target(ctx, args.get("snapshot"))
     if not target:
         raise HelperFailure(
             "no_snapshot",
@@ -303,9 +315,9 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
     todo = restore_plan(manifest, current, dirs)
     paths = sorted(set(todo["write"]) | set(todo["chmod"]) | set(todo["remove"]))
     opened = {"op": "restore", "snapshot": target, "started": time.time(), "by": ctx.owner, "paths": paths}
-    write_journal(ctx, dict(opened, interrupted=journal), "restore")
+    kept = open_restore_journal(ctx, dict(opened, interrupted=journal), damage)
     pause_point("restore_journal_written")
-    temps = stage_restore(ctx, manifest, todo, journal)
+    temps = stage_restore(ctx, manifest, todo, journal, kept)
     commit_restore(ctx, manifest, todo, temps)
     cache.save(ctx)
     verify_restored(ctx, manifest, (current, dirs), todo)
@@ -322,10 +334,13 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
             "snapshot": target,
             "restored": len(todo["write"]),
             "removed": len(todo["remove"]),
-            "closed_journal": journal is not None,
+            "closed_journal": journal is not None or damage is not None,
+            "damaged_journal": damage_evidence(kept or damaged_in(journal)),
             "by": ctx.owner,
         },
     )
+    for copy in damaged_journal_copies(ctx):  # the recovery is complete: the evidence has done its job
+        os.unlink(copy)
     os.unlink(ctx.path("journal.json"))
     fsync_dir(ctx.state_dir)
     return {
@@ -335,24 +350,85 @@ def restore(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
         "modes": todo["chmod"],
         "verified": len(manifest["files"]),
         "closed_journal": journal,
+        "damaged_journal": kept,
     }
 
 
-def restore_target(ctx: Context, chosen: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
-    """(the open journal, the snapshot to restore): `chosen`, else the journal's, else state.json's.
+def restore_target(
+    ctx: Context, chosen: Optional[str]
+) -> Tuple[Optional[Dict[str, Any]], Optional[Dict[str, str]], Optional[str]]:
+    """(the open journal, journal.json's damage, the snapshot to restore): `chosen`, else the journal's, else
+    state.json's.
 
     The store is the truth: with a snapshot chosen, a damaged state.json or journal.json is no
-    obstacle (the journal is closed like any other and state.json rewritten); without one, a
-    damaged record is refused by name with the snapshots to choose from.
+    obstacle (state.json is rewritten, the journal closed as the module docstring says); without
+    one, a damaged record is refused by name with the snapshots to choose from.
     """
     journal, journal_damage = read_record_or_damage(ctx, "journal.json")
     state, state_damage = read_record_or_damage(ctx, "state.json")
     damage = journal_damage or (state_damage if journal is None else None)
     if damage is not None and not chosen:
         raise damaged_failure(damage, known=[s["id"] for s in list_summaries(ctx)[-10:]])
-    if journal_damage is not None:
-        journal = {"op": "unknown", "snapshot": None, "damaged": journal_damage["path"]}
-    return journal, chosen or (journal or {}).get("snapshot") or (state or {}).get("snapshot")
+    return journal, journal_damage, chosen or (journal or {}).get("snapshot") or (state or {}).get("snapshot")
+
+
+def open_restore_journal(
+    ctx: Context, journal: Dict[str, Any], damage: Optional[Dict[str, str]]
+) -> Optional[Dict[str, str]]:
+    """Write the restore's journal; over a damaged journal.json, first keep its bytes beside it (a hard link: no
+    space needed) and name that copy in the journal. Returns the copy's record (None without damage)."""
+    kept = None
+    if damage is not None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        kept = dict(damage, path=ctx.path("journal.json.damaged-%s-%d" % (stamp, os.getpid())))
+        try:
+            os.link(ctx.path("journal.json"), kept["path"])
+        except OSError as exc:
+            raise os_failure(exc, "restore") from None
+        fsync_dir(ctx.state_dir)
+    try:
+        write_journal(ctx, dict(journal, damaged=kept), "restore")
+    except HelperFailure:
+        if kept is not None:
+            remove_quietly(kept["path"])  # journal.json still holds the damaged bytes: nothing changed
+        raise
+    return kept
+
+
+def reopen_journal(ctx: Context, journal: Optional[Dict[str, Any]], kept: Optional[Dict[str, str]]) -> None:
+    """Undo `open_restore_journal` when nothing else changed: the journal it was closing goes back as it was
+    (a damaged one byte for byte), or none."""
+    if kept is not None:
+        os.replace(kept["path"], ctx.path("journal.json"))
+        fsync_dir(ctx.state_dir)
+    elif journal is None:
+        remove_quietly(ctx.path("journal.json"))
+    else:
+        write_json(ctx.path("journal.json"), journal)  # the interrupted push stays reported as before
+
+
+def damaged_in(journal: Optional[Dict[str, Any]]) -> Optional[Dict[str, str]]:
+    """The damaged journal a chain of interrupted restores was closing (the innermost names its copy)."""
+    while journal is not None:
+        if journal.get("damaged"):
+            found: Dict[str, str] = journal["damaged"]
+            return found
+        journal = journal.get("interrupted")
+    return None
+
+
+def damage_evidence(kept: Optional[Dict[str, str]]) -> Optional[Dict[str, Any]]:
+    """What the history line keeps of a damaged journal once its copy is removed: why, and its size."""
+    if kept is None:
+        return None
+    size = os.path.getsize(kept["path"]) if os.path.exists(kept["path"]) else None
+    return {"file": kept["file"], "error": kept["error"], "size": size}
+
+
+def damaged_journal_copies(ctx: Context) -> List[str]:
+    """The damaged journals that restores kept beside journal.json (see the module docstring)."""
+    prefix = "journal.json.damaged-"
+    return sorted(ctx.path(name) for name in os.listdir(ctx.state_dir) if name.startswith(prefix))
 
 
 def restore_plan(
@@ -377,7 +453,11 @@ def restore_plan(
 
 
 def stage_restore(
-    ctx: Context, manifest: Dict[str, Any], todo: Dict[str, List[str]], journal: Optional[Dict[str, Any]]
+    ctx: Context,
+    manifest: Dict[str, Any],
+    todo: Dict[str, List[str]],
+    journal: Optional[Dict[str, Any]],
+    kept: Optional[Dict[str, str]],
 ) -> Dict[str, str]:
     """Temp copies of every file to bring back, checked against their hashes; undone completely on failure."""
     temps: Dict[str, str] = {}
@@ -408,10 +488,7 @@ def stage_restore(
             remove_quietly(tmp)
         for full in reversed(made):
             shutil.rmtree(full, ignore_errors=True)
-        if journal is None:
-            remove_quietly(ctx.path("journal.json"))
-        else:
-            write_json(ctx.path("journal.json"), journal)  # the interrupted push stays reported as before
+        reopen_journal(ctx, journal, kept)
         if isinstance(exc, OSError):
             raise os_failure(exc, "restore") from None
         raise

@@ -28,7 +28,7 @@ def mark_verified(t: Transport, digest: str) -> DeployedState:
     """Record that the probes of the overlay with `digest` passed on the host.
 
     Raises:
-        HelperError: code state_changed (another overlay is deployed now), journal_open, locked.
+        HelperError: code state_changed (another overlay is deployed now), journal_open, locked / not_locked.
     """
     return t.run_helper("mark_verified", {"digest": digest}).parsed(_Marked).deployed
 
@@ -37,6 +37,6 @@ def adopt(t: Transport, fingerprint: dict[str, object] | None = None) -> Adopted
     """Make the package as installed the baseline drift is measured against (no package file changes).
 
     Raises:
-        HelperError: code journal_open, locked, state_damaged, disk_full (nothing changed).
+        HelperError: code journal_open, locked / not_locked, state_damaged, disk_full (nothing changed).
     """
     return t.run_helper("adopt", {"fingerprint": fingerprint}).parsed(Adopted)

@@ -67,7 +67,8 @@ def snapshot(t: Transport, reason: str, fingerprint: dict[str, Any] | None = Non
     """Record the host's package into its store (only new contents are copied).
 
     Raises:
-        HelperError: code journal_open, locked, disk_full (the store is left as it was).
+        HelperError: code journal_open, locked / not_locked (the caller lacks the host lock), disk_full (the
+            store is left as it was).
     """
     return t.run_helper("snapshot", {"reason": reason, "fingerprint": fingerprint}).parsed(SnapshotTaken)
 

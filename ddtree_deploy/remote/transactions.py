@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from ddtree_deploy.errors import HelperError, UsageError
-from ddtree_deploy.protocol import Journal
+from ddtree_deploy.protocol import DamagedRecord, Journal
 
 if TYPE_CHECKING:
     from ddtree_deploy.transport import Transport
@@ -28,7 +28,7 @@ class RestoreResult(BaseModel):
     removed: list[str] = Field(default_factory=list, description="files the snapshot did not have")
     modes: list[str] = Field(default_factory=list, description="paths whose mode was put back")
     verified: int = Field(description="files re-checked against the snapshot after restoring")
-    closed_journal: bool = Field(description="an interrupted operation's journal was closed")
+    closed_journal: bool = Field(description="an interrupted operation's journal (or a damaged one) was closed")
 
 
 class _Restored(BaseModel):
@@ -38,6 +38,7 @@ class _Restored(BaseModel):
     modes: list[str]
     verified: int
     closed_journal: Journal | None
+    damaged_journal: DamagedRecord | None = None
 
 
 def apply(t: Transport, request: dict[str, Any]) -> ApplyResult:
@@ -45,7 +46,8 @@ def apply(t: Transport, request: dict[str, Any]) -> ApplyResult:
 
     Raises:
         HelperError: code preimage_changed (the host changed since the plan), snapshot_stale,
-            journal_open, disk_full / read_only (nothing was changed).
+            journal_open, locked / not_locked (the caller lacks the host lock), disk_full / read_only (nothing
+            was changed).
     """
     return t.run_helper("apply", request).parsed(ApplyResult, host=t.host.name)
 
@@ -55,7 +57,8 @@ def restore(t: Transport, snapshot_id: str | None = None) -> RestoreResult:
 
     Raises:
         UsageError: code unknown_snapshot or no_snapshot (lists the host's latest ids).
-        HelperError: code restore_unverified (journal left open), disk_full (nothing changed).
+        HelperError: code restore_unverified (journal left open), disk_full (nothing changed), locked or
+            not_locked (the caller does not hold the host lock; nothing changed).
     """
     try:
         done = t.run_helper("restore", {"snapshot": snapshot_id}).parsed(_Restored)
@@ -63,5 +66,6 @@ def restore(t: Transport, snapshot_id: str | None = None) -> RestoreResult:
         if exc.code in ("unknown_snapshot", "no_snapshot"):
             raise UsageError(str(exc), host=exc.host, code=exc.code, hint=exc.hint, result=exc.result) from None
         raise
-    return RestoreResult(host=t.host.name, closed_journal=done.closed_journal is not None,
-                         **done.model_dump(exclude={"closed_journal"}))
+    closed = done.closed_journal is not None or done.damaged_journal is not None
+    return RestoreResult(host=t.host.name, closed_journal=closed,
+                         **done.model_dump(exclude={"closed_journal", "damaged_journal"}))

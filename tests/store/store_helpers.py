@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_deploy.hostside import objects, store, transactions
+from ddtree_deploy.hostside import locks, objects, store, transactions
 from ddtree_deploy.hostside.common import Context, read_json
 from ddtree_deploy.inventory import HostSpec
 from ddtree_deploy.overlay import Overlay
@@ -97,6 +97,16 @@ def object_count(ctx: Context) -> int:
     return sum(len(shas) for shas in stored_objects(ctx).values())
 
 
+def corrupt_object(ctx: Context, sha: str) -> None:
+    """Flip one byte of stored content `sha`, where it sits (pack or loose file); a second call flips it back."""
+    stored = objects.ObjectStore(ctx)
+    path, offset, _ = stored.packed.get(sha) or (stored.loose_path(sha), 0, 0)
+    data = bytearray(Path(path).read_bytes())
+    data[offset + 100] ^= 0x20
+    os.chmod(path, 0o600)
+    Path(path).write_bytes(bytes(data))
+
+
 def folder_listing(root: Path) -> dict[str, int]:
     """Every file (with its size) and folder (-1) under `root`: to show a failed op left nothing behind."""
     return {p.relative_to(root).as_posix(): p.stat().st_size if p.is_file() else -1 for p in root.rglob("*")}
@@ -134,14 +144,23 @@ def build_small_site(pristine: Path, target: Path) -> Path:
     return target
 
 
-def make_ctx(site: Path, state: Path) -> Context:
-    return Context({"package_root": str(site), "state_base": str(state), "owner": "tests"})
+def make_ctx(site: Path, state: Path, *, locked: bool = True) -> Context:
+    """The helper context of owner "tests", which holds the host lock (as after a controller's preflight) unless
+    `locked` is false: the ops that change the host refuse a caller without it."""
+    ctx = Context({"package_root": str(site), "state_base": str(state), "owner": "tests"})
+    if locked:
+        locks.lock(ctx, {"owner": "tests"})
+    return ctx
 
 
-def local_transport(site: Path, state: Path) -> LocalTransport:
+def local_transport(site: Path, state: Path, *, locked: bool = True) -> LocalTransport:
+    """A transport of owner "tests" to the helper for `site`, holding the host lock unless `locked` is false."""
     spec = HostSpec(name="sbx", transport="local", python=sys.executable, package_root=str(site),
                     state_dir=str(state))
-    return LocalTransport(spec, owner="tests")
+    transport = LocalTransport(spec, owner="tests")
+    if locked:
+        transport.call("lock", {"owner": "tests"})
+    return transport
 
 
 def plan_in_process(ctx: Context, overlay: Overlay, base: str = "0.5.17") -> Plan:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_helpers import folder_listing, run_and_kill, stored_objects, tree_state
+from store_helpers import corrupt_object, folder_listing, run_and_kill, stored_objects, tree_state
 
 from ddtree_deploy.hostside import common, objects, store, transactions
 from ddtree_deploy.hostside.common import Context, HelperFailure
@@ -165,20 +165,10 @@ def test_a_file_that_grew_after_its_stat_is_hashed_whole_and_not_kept(ctx: Conte
     assert collector.kept == {}  # its stat changed: stored from a second read, checked against this hash
 
 
-def corrupt(ctx: Context, sha: str) -> None:
-    """Flip one byte of stored content `sha`, where it sits (pack or loose file)."""
-    stored = objects.ObjectStore(ctx)
-    path, offset, _ = stored.packed.get(sha) or (stored.loose_path(sha), 0, 0)
-    data = bytearray(Path(path).read_bytes())
-    data[offset + 100] ^= 0x20
-    os.chmod(path, 0o600)
-    Path(path).write_bytes(bytes(data))
-
-
 def test_a_corrupt_stored_byte_is_refused_on_restore_and_changes_nothing(
         ctx: Context, site: Path, layout: str) -> None:
     snap = store.snapshot(ctx, {"reason": "r"})["id"]
-    corrupt(ctx, manifest_of(ctx, snap)["files"][SERVER_ARGS]["sha256"])
+    corrupt_object(ctx, manifest_of(ctx, snap)["files"][SERVER_ARGS]["sha256"])
     (site / SERVER_ARGS).write_text("edited\n")
     (site / SPEC_INFO).unlink()
     before, listing = tree_state(site), folder_listing(Path(ctx.state_dir))
