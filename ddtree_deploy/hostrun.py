@@ -149,6 +149,8 @@ class StepDef(BaseModel):
     args: type[BaseModel]
     needs: frozenset[Fact] = Field(default=frozenset(), description="facts an earlier step (or the run) must give")
     gives: frozenset[Fact] = Field(default=frozenset(), description="facts this step makes for later steps")
+    changes_host: bool = Field(default=False, description="writes the host or restarts its server: a dry run "
+                                                          "ends before it")
 
 
 class NoArgs(BaseModel):

@@ -143,11 +143,15 @@ def play(playbook: Playbook, run: HostRun, cancel: threading.Event | None = None
     """Play the steps on one host; on failure play `on_failure` (unless `no_rollback`); always unlock.
 
     `cancel` (Ctrl-C) is checked between steps, never inside one: once set, the next step fails as
-    "interrupted (Ctrl-C)", so `on_failure` restores a host whose snapshot was taken.
+    "interrupted (Ctrl-C)", so `on_failure` restores a host whose snapshot was taken. A dry run ends
+    before the first step that would change the host, if its `plan` step has not ended it already.
     """
     done: list[StepOutcome] = []
     try:
         for call in playbook.steps:
+            if run.options.dry_run and steps.STEPS[call.name].changes_host:
+                run.finished = "dry_run"
+                break
             if cancel is not None and cancel.is_set():
                 outcome = StepOutcome(step=call.name, status="failed", message=INTERRUPTED, code="interrupted")
             else:

@@ -469,8 +469,8 @@ def release_lock(run: HostRun) -> None:
 
 
 def _step(fn: Callable[[HostRun, Any], StepOutcome], args: type[BaseModel], *, needs: tuple[Fact, ...] = (),
-          gives: tuple[Fact, ...] = ()) -> StepDef:
-    return StepDef(fn=fn, args=args, needs=frozenset(needs), gives=frozenset(gives))
+          gives: tuple[Fact, ...] = (), changes_host: bool = False) -> StepDef:
+    return StepDef(fn=fn, args=args, needs=frozenset(needs), gives=frozenset(gives), changes_host=changes_host)
 
 
 #: the vocabulary; what a step uses only when present (restore: the fingerprint, probe: the reference) is no need
@@ -478,15 +478,15 @@ STEPS: dict[str, StepDef] = {
     "preflight": _step(preflight, PreflightArgs, gives=("fingerprint", "host_state")),
     "plan": _step(plan_step, NoArgs, needs=("overlay", "fingerprint", "host_state"), gives=("plan",)),
     "reference": _step(reference, NoArgs, gives=("reference",)),
-    "snapshot": _step(snapshot, SnapshotArgs, gives=("snapshot",)),
-    "apply": _step(apply, NoArgs, needs=("plan", "snapshot"), gives=("applied",)),
-    "restore": _step(restore, RestoreArgs, gives=("restored",)),
-    "restart": _step(restart, IfChangedArgs, gives=("server",)),
+    "snapshot": _step(snapshot, SnapshotArgs, gives=("snapshot",), changes_host=True),
+    "apply": _step(apply, NoArgs, needs=("plan", "snapshot"), gives=("applied",), changes_host=True),
+    "restore": _step(restore, RestoreArgs, gives=("restored",), changes_host=True),
+    "restart": _step(restart, IfChangedArgs, gives=("server",), changes_host=True),
     "probe": _step(probe, IfChangedArgs, gives=("probes",)),
-    "stop": _step(stop, NoArgs),
+    "stop": _step(stop, NoArgs, changes_host=True),
     "prune": _step(prune, PruneArgs, gives=("pruned",)),
     # the bench reads the launch args preflight found; its results ride in its outcome's details
-    "bench": _step(bench, BenchArgs, needs=("host_state",)),
-    "relaunch": _step(relaunch, NoArgs, gives=("server",)),
-    "adopt": _step(adopt, NoArgs, gives=("adopted",)),
+    "bench": _step(bench, BenchArgs, needs=("host_state",), changes_host=True),  # it restarts the server
+    "relaunch": _step(relaunch, NoArgs, gives=("server",), changes_host=True),
+    "adopt": _step(adopt, NoArgs, gives=("adopted",), changes_host=True),
 }

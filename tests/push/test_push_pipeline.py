@@ -137,6 +137,18 @@ def test_push_and_rollback_playbooks_run_from_their_yaml(fleet: Fleet) -> None:
     assert fleet.package_digest() == before
 
 
+def test_a_dry_run_of_a_playbook_without_a_plan_ends_before_its_first_change(fleet: Fleet, tmp_path: Path) -> None:
+    book = tmp_path / "bench-like.yaml"
+    book.write_text("steps:\n  - preflight: {}\n  - snapshot: {reason: pre-bench}\n  - restart: {}\n")
+    before, (_, listed) = fleet.package_digest(), fleet.json("snapshots", "--host", "ct200")
+    code, out = fleet.json("play", str(book), "--host", "ct200", "--dry-run")
+    result = host_row(out)["result"]
+    assert code == 0 and result["outcome"] == "dry_run", result
+    assert list(steps_of(result)) == ["preflight"]  # the snapshot and the restart never ran
+    assert fleet.package_digest() == before and fleet.json("snapshots", "--host", "ct200")[1] == listed
+    assert host_row(fleet.json("status")[1])["result"]["lock"] is None
+
+
 def test_an_unknown_step_is_a_load_error_before_any_host_is_touched(fleet: Fleet, tmp_path: Path) -> None:
     book = tmp_path / "mine.yaml"
     book.write_text("steps:\n  - preflight: {}\n  - reboot: {}\n")
