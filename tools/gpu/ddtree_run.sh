@@ -21,6 +21,13 @@
 # default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
 # A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev) runs on /tmp/site_prev, overlay ddtree
 # $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
+# Stress cases copy_stress_{plain,dflash,ddtree64,ddtree64_prev,dflash_check,ddtree64_check} run the copy pair with
+# --max-running-requests 4 (a finished request's row is the next one handed out) under
+# stress_client.py: staggered arrivals, max_new_tokens and stop strings/ids; list copy_stress_plain
+# first (its plan and outputs are the reference), the others must match it and bring the allocator's
+# used-token count back after the drain; _check adds SGLang's per-iteration pool and KV page checks
+# (duplicate free pages, freed pages still owned; dflash_check is their control) and _prev is
+# $DDTREE_PREV (0.3.0-rc.3: its commit rewrote req_to_token). Lines STRESS*[case] go to compare.txt, with any leak/double-free log lines.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -81,6 +88,15 @@ CASE[refuse_hyb_lazy]="$HR $HYB --mamba-radix-cache-strategy extra_buffer_lazy"
 CASE[refuse_hyb_track]="$HR $HYB --mamba-track-interval 4"
 CASE[refuse_hyb_memory]="$HR $HYB"
 declare -A EXTRA=([refuse_hyb_memory]="--mem-fraction-static 0.0004")  # after COMMON, so it wins
+S="--model-path $M/target_copy --max-running-requests 4"
+CASE[copy_stress_plain]="$S"
+CASE[copy_stress_dflash]="$S --speculative-algorithm DFLASH --speculative-draft-model-path $M/dflash_copy"
+CASE[copy_stress_dflash_check]="${CASE[copy_stress_dflash]}"
+for c in copy_stress_ddtree64 copy_stress_ddtree64_check copy_stress_ddtree64_prev; do
+  CASE[$c]="$S $DD 64 --speculative-draft-model-path $M/dflash_copy"
+done
+MEMCHECK="SGLANG_CHECK_KV_PAGE_INVARIANTS=1 SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1"
+declare -A CENV=([copy_stress_dflash_check]="$MEMCHECK" [copy_stress_ddtree64_check]="$MEMCHECK")
 COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
 suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; *_auto) echo _auto;; esac; }
 backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; _auto) ;; *) echo triton;; esac; }
@@ -92,7 +108,7 @@ for c in "${CASES[@]}"; do
   # shellcheck disable=SC2086
   base=${c%$(suffix_of "$c")}
   be=$(backend_of "$c")
-  PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} ${EXTRA[$c]:-} > "$O/$c.log" 2>&1 &
+  env ${CENV[$c]:-} PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} ${EXTRA[$c]:-} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
 if [ "${TREE_BENCH:-0}" = 1 ]; then
@@ -109,10 +125,20 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   done
   [ $pending = 0 ] && break; sleep 3
 done
-ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
+ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_stress_*) echo copy_stress_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
+stress_case() {  # stress_client.py against the plain stress run's plan and outputs (none: plans itself)
+  local ref=copy_stress_plain refjson=
+  [ "$1" != $ref ] && [ -f "$O/$ref.json" ] && refjson="$O/$ref.json"
+  if [ "${READY[$1]:-}" != yes ]; then echo "[$(el)s] $1: NOT ready; log tail:"; grep -v "^\[20" "$O/$1.log" | tail -n 25 | cut -c1-300; return; fi
+  echo "[$(el)s] $1: stress client"
+  PYTHONPATH=/tmp/site timeout 240 python3 tools/gpu/stress_client.py ${PORT[$1]} "$O/$1.json" "$1" $refjson > "$O/$1.stress.txt" 2>&1 || echo "STRESS_CLIENT[$1] FAILED (exit $?)" >> "$O/$1.stress.txt"
+  grep -h -E "leak detected|double free|use-after-free|Mem Leak|Traceback" "$O/$1.log" | head -n 5 | sed "s/^/  log[$1]: /" >> "$O/$1.stress.txt"
+  tail -n 60 "$O/$1.stress.txt" | tee -a "$O/compare.txt"
+}
 for c in "${CASES[@]}"; do
   case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
+  case $c in copy_stress_*) stress_case "$c"; pack; continue;; esac
   if [[ $(ref_of "$c") = copy_plain* ]] && [ -z "${STOPPED:-}" ]; then  # the other pair is done: stop its servers
     for d in "${CASES[@]}"; do [[ $(ref_of "$d") = plain* ]] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
   fi
