@@ -21,6 +21,8 @@
 # default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
 # A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev) runs on /tmp/site_prev, overlay ddtree
 # $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
+# copy_ddtree16_prof / copy_ddtree64_prof run with SGLANG_DDTREE_PROFILE=1 (0.3.0-rc.4 and later): their
+# ddtree_profile lines (per-stage GPU and host ms of the round) are summarised by profile_summary.py.
 # Stress cases copy_stress_{plain,dflash,ddtree64,ddtree64_prev,dflash_check,ddtree64_check} run the copy pair with
 # --max-running-requests 4 (a finished request's row is the next one handed out) under
 # stress_client.py: staggered arrivals, max_new_tokens and stop strings/ids; list copy_stress_plain
@@ -97,6 +99,9 @@ for c in copy_stress_ddtree64 copy_stress_ddtree64_check copy_stress_ddtree64_pr
 done
 MEMCHECK="SGLANG_CHECK_KV_PAGE_INVARIANTS=1 SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1"
 declare -A CENV=([copy_stress_dflash_check]="$MEMCHECK" [copy_stress_ddtree64_check]="$MEMCHECK")
+for b in 16 64; do  # the round's stage times (0.3.0-rc.4+): ddtree_profile lines, summarised after the client
+  CASE[copy_ddtree${b}_prof]="${CASE[copy_ddtree$b]}"; CENV[copy_ddtree${b}_prof]="SGLANG_DDTREE_PROFILE=1 SGLANG_DDTREE_PROFILE_EVERY=32"
+done
 COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
 suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; *_auto) echo _auto;; esac; }
 backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; _auto) ;; *) echo triton;; esac; }
@@ -146,6 +151,7 @@ for c in "${CASES[@]}"; do
     client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; esac
     echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
     case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
+    case $c in *_prof) python3 tools/gpu/profile_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
   else
     echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$O/$c.log" | tail -n 25 | cut -c1-300
   fi

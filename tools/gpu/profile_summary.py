@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Summarise a DDTREE server log's `ddtree_profile {json}` lines (SGLANG_DDTREE_PROFILE=1, overlay 0.3.0-rc.4+).
+
+usage: profile_summary.py LABEL SERVER_LOG
+Prints one row per stage: GPU and host milliseconds per round, weighted by each line's rounds, and
+the share of the round; then the round and the lines' batch sizes. Each client phase (batch 1, batch
+4) writes its own lines, so the table mixes them unless the log holds one phase.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    label, log = sys.argv[1], sys.argv[2]
+    lines = [json.loads(row.split("ddtree_profile ", 1)[1]) for row in open(log, errors="replace")
+             if "ddtree_profile {" in row]
+    if not lines:
+        print(f"PROFILE[{label}] no ddtree_profile lines")
+        return
+    rounds = sum(x["rounds"] for x in lines)
+    stages = list(lines[0]["gpu_ms"])
+    gpu = {s: sum(x["gpu_ms"][s] * x["rounds"] for x in lines) / rounds for s in stages}
+    host = {s: sum(x["host_ms"][s] * x["rounds"] for x in lines) / rounds for s in stages}
+    total_gpu, total_host = sum(gpu.values()), sum(host.values())
+    print(f"PROFILE[{label}] {rounds} rounds in {len(lines)} lines, batch sizes "
+          f"{sorted({x['bs_mean'] for x in lines})}")
+    print(f"  {'stage':14s} {'gpu ms':>8s} {'share':>6s} {'host ms':>8s} {'share':>6s}")
+    for s in stages:
+        print(f"  {s:14s} {gpu[s]:8.3f} {gpu[s] / total_gpu:6.1%} {host[s]:8.3f} {host[s] / total_host:6.1%}")
+    print(f"  {'round':14s} {total_gpu:8.3f} {'':6s} {total_host:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
