@@ -21,8 +21,9 @@ MAX_NEW_TOKENS = 24
 
 
 # Pre-releases whose core differs from the newest release's, each tested by name in the file given
-# (0.3.0-rc.3 only adds the CUDA dispatch to its Triton tree builder; its torch path is unchanged).
-CORES_TESTED_BY_NAME = {"0.3.0-rc.3": "test_tree_build_triton.py"}
+# (0.3.0-rc.3 only adds the CUDA dispatch to its Triton tree builder, its torch path unchanged;
+# 0.3.0-rc.4 adds the commit's KV moves and drops the req_to_token rewrite from the commit plan).
+CORES_TESTED_BY_NAME = {"0.3.0-rc.3": "test_tree_build_triton.py", "0.3.0-rc.4": "test_commit_moves.py"}
 
 
 def test_the_tool_and_the_tests_run_the_newest_versions_core(decode_tool: ModuleType, dd: ModuleType) -> None:
