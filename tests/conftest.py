@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +22,12 @@ from typer.testing import CliRunner
 
 from ddtree_deploy.history import AUDIT_ENV
 from sandbox.hosts import CACHE_ENV, SandboxHost, build_host
+
+# A shell starts a background job (`bash scripts/test.sh &`) with SIGINT ignored, and an ignored signal
+# is inherited through exec: every CLI the Ctrl-C tests start would ignore their SIGINT and hang. A
+# handler is not inherited (the children start with SIGINT at its default), so set Python's own.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: The user's own home, cache folder and audit log, read before any test runs (the fixtures below move them).
 USER_HOME = Path.home()
