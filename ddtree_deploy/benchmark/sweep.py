@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -74,6 +75,8 @@ class BenchArgs(BaseModel):
     dflash: bool = Field(default=True, description="measure DFLASH's chain as a baseline")
     tree_stats: bool = Field(default=True, description="one more start per budget with --speculative-ddtree-debug")
     request_timeout_s: float = Field(default=600.0, gt=0)
+    keep_json: str | None = Field(default=None, description="a file rewritten after every variant with the results so "
+                                                           "far, so a bench killed mid-way keeps what it measured")
     tie_tolerance: float = Field(default=divergence.DEFAULT_TIE_TOLERANCE, ge=0,
                                  description="nats: a split at a near-tie of plain's this close is reported, "
                                              "not failed; 0: only identical answers pass")
@@ -144,10 +147,20 @@ class Sweep:
             for index, variant in enumerate(todo, 1):
                 self._tell(f"{variant.name} ({index}/{len(todo)})")
                 self.results.variants.append(self._measure(variant))
+                self._keep()
         except DeployError as exc:
             exc.details.setdefault("bench", self.results.model_dump(mode="json", by_alias=True))
             raise
         return self.results
+
+    def _keep(self) -> None:
+        """Rewrite `keep_json` (a temporary file renamed over it: a kill never leaves half a file)."""
+        if self.args.keep_json is None:
+            return
+        path = Path(self.args.keep_json)
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(self.results.model_dump_json(indent=1, by_alias=True) + "\n")
+        partial.replace(path)
 
     def _tell(self, what: str) -> None:
         elapsed = int(time.monotonic() - self.started)

@@ -59,13 +59,13 @@ def bench(
     """
     from ddtree_deploy.benchmark.baseline import read_baseline
     from ddtree_deploy.benchmark.sweep import BenchArgs
-    from ddtree_deploy.commands._bench_output import finish
+    from ddtree_deploy.commands._bench_output import JSON_FILE, finish
 
     with out.errors_rendered(as_json):
         args = _bench_args(BenchArgs, budgets=_ints(budgets, "--budgets"), prompts=_prompts(prompts), batch=batch,
                            max_new_tokens=max_new_tokens, seeds=_ints(seeds, "--seeds", empty_ok=True),
                            temperature=temperature, dflash=dflash, tree_stats=tree_stats,
-                           tie_tolerance=tie_tolerance)
+                           tie_tolerance=tie_tolerance, keep_json=str((results / JSON_FILE).resolve()))
         baselines = [read_baseline(spec) for spec in baseline or []]
         _make_folder(results)
         report = _play(args, selection, as_json)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,3 +52,21 @@ def test_tolerance_zero_fails_the_bench_at_the_first_split_and_puts_the_host_bac
     assert "dflash is not lossless" in report["reason"] and "gap" in report["reason"], report["reason"]
     after = status_row(tie_fleet)
     assert tie_fleet.package_digest() == digest and after["launch_args"] == before["launch_args"]
+
+
+def test_a_bench_killed_mid_way_keeps_the_variants_it_had_measured(tie_fleet: Fleet, tmp_path: Path) -> None:
+    # last in this module: the killed bench leaves its lock and a variant's server behind
+    argv = [sys.executable, "-m", "ddtree_deploy.cli", "bench", "--host", "ct200", *QUICK, "--results", str(tmp_path)]
+    bench = subprocess.Popen(argv, env=tie_fleet.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kept = tmp_path / "bench.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and bench.poll() is None:
+        if kept.exists() and len(json.loads(kept.read_text())["variants"]) >= 2:
+            break
+        time.sleep(0.05)
+    bench.kill()
+    assert bench.wait() == -9, "the bench ended before two variants were kept"
+    results = BenchResults.model_validate(bench_json(tmp_path))
+    assert [v.variant for v in results.variants][:2] == ["plain", "dflash"]
+    assert all(v.runs for v in results.variants)
+    assert not (tmp_path / "bench.md").exists()  # the file is the sweep's own, not the command's last word
