@@ -3,10 +3,10 @@
 A bf16 server's numerics change with the batch shape: a verify forward over S tokens and a one-token
 decode can pick different tokens where the target's two best log-probs are within rounding of each other;
 SGLang's own DFLASH, with no overlay, parted from plain decoding on 7 of 16 answers of a trained bf16
-pair (run 15 in docs/gpu-validation.md). A split is a `near_tie` when the token taken is the reference's runner-up at that
-position and its log-prob is within `tolerance` nats of the reference's choice; anything else is a
-`mismatch`, and so is every split the reference recorded no log-probs for. Tokens after a split are never
-compared (the two contexts differ from there on).
+pair (run 15 in docs/gpu-validation.md). A split is a `near_tie` when the token taken is the
+reference's runner-up at that position and its log-prob is within `tolerance` nats of the reference's
+choice; anything else is a `mismatch`, and so is every split the reference recorded no log-probs for.
+Tokens after a split are never compared (the two contexts differ from there on).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Every request goes through the host helper's `http` op to the server on the host's own loopback, so
 no server port needs to be reachable from the controller. Results keep their evidence (expected,
 got, first differing token). The `lossless` probe compares greedy outputs with a `Reference`
-recorded before the push (with the reference's top two log-probs per token where its server gives
-them); speculative decoding is lossless, so any difference is a bug unless the reference's own top
+recorded before the push (with the reference's top two log-probs per token when its server decodes
+plainly); speculative decoding is lossless, so any difference is a bug unless the reference's own top
 two tokens were near-tied there (divergence.py), which bf16 numerics explain and the result reports.
 Nothing here restarts anything.
 """

@@ -57,8 +57,10 @@ SPEC_PREFIX = "--speculative-"
 DDTREE_FLAGS = ("--speculative-algorithm", "--speculative-ddtree-budget", "--speculative-ddtree-debug")
 
 Progress = Callable[[str], None]
-#: greedy answers by prompt index: output ids, and plain's top log-probs where the pass asked for them
-Answers = dict[int, tuple[list[int], TopLogprobs | None]]
+#: one greedy answer: its output ids, and plain's top log-probs where the pass asked for them
+Answer = tuple[list[int], TopLogprobs | None]
+#: greedy answers by prompt index
+Answers = dict[int, Answer]
 
 
 class BenchArgs(BaseModel):
@@ -136,7 +138,7 @@ class Sweep:
         self.t, self.args, self.found = transport, args, found_args
         self.progress = progress
         self.started = time.monotonic()
-        self.reference: dict[tuple[int, int], tuple[list[int], TopLogprobs | None]] = {}
+        self.reference: dict[tuple[int, int], Answer] = {}  # by (batch, prompt index)
         self.results = BenchResults(source="ddtree-deploy bench", host=transport.host.name,
                                     created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                     max_new_tokens=args.max_new_tokens, batch=args.batch, prompts=list(args.prompts))
