@@ -79,6 +79,8 @@ class BenchArgs(BaseModel):
     request_timeout_s: float = Field(default=600.0, gt=0)
     keep_json: str | None = Field(default=None, description="a file rewritten after every variant with the results so "
                                                            "far, so a bench killed mid-way keeps what it measured")
+    keep_going: bool = Field(default=False, description="a variant that is not lossless is recorded and the sweep goes "
+                                                        "on; the bench still fails, after the last variant")
     tie_tolerance: float = Field(default=divergence.DEFAULT_TIE_TOLERANCE, ge=0,
                                  description="nats: a split at a near-tie of plain's this close is reported, "
                                              "not failed; 0: only identical answers pass")
@@ -150,10 +152,21 @@ class Sweep:
                 self._tell(f"{variant.name} ({index}/{len(todo)})")
                 self.results.variants.append(self._measure(variant))
                 self._keep()
+                self._stop_if_lossy(last=index == len(todo))
         except DeployError as exc:
             exc.details.setdefault("bench", self.results.model_dump(mode="json", by_alias=True))
             raise
         return self.results
+
+    def _stop_if_lossy(self, *, last: bool) -> None:
+        """Fail at the first variant that is not lossless, or with --keep-going after the last one."""
+        lossy = [v for v in self.results.variants if v.lossless is not None and v.lossless.mismatch]
+        if not lossy or (self.args.keep_going and not last):
+            return
+        reasons = "; ".join(f"{v.variant} is not lossless: {v.lossless.mismatch}" for v in lossy if v.lossless)
+        raise BenchError(reasons, host=self.t.host.name, code="bench_lossy",
+                         hint="speculative decoding must answer as the plain server did; see the overlay's "
+                              "lossless probes")
 
     def _keep(self) -> None:
         """Rewrite `keep_json` (a temporary file renamed over it: a kill never leaves half a file)."""
@@ -186,11 +199,6 @@ class Sweep:
             result.lossless = self._lossless(variant, greedy)
         if variant.algorithm == "DDTREE" and self.args.tree_stats:
             result.tree = self._tree_pass(Variant("DDTREE", variant.budget, debug=True))
-        if result.lossless is not None and result.lossless.mismatch:
-            self.results.variants.append(result)
-            raise BenchError(f"{variant.name} is not lossless: {result.lossless.mismatch}", host=self.t.host.name,
-                             code="bench_lossy", hint="speculative decoding must answer as the plain server did; "
-                                                      "see the overlay's lossless probes")
         return result
 
     def _batches(self) -> list[int]:

@@ -39,6 +39,9 @@ def bench(
     tree_stats: Annotated[bool, typer.Option(
         "--tree-stats/--no-tree-stats", help="One more start per budget with --speculative-ddtree-debug "
                                              "(tree size, depth, top-1 agreement).")] = True,
+    keep_going: Annotated[bool, typer.Option(
+        "--keep-going", help="Measure every variant even after one is not lossless (the bench still exits 1, "
+                             "after the last).")] = False,
     baseline: Annotated[list[str] | None, typer.Option(
         "--baseline", metavar="FILE[=VARIANT]", help="z-lab benchmark.py output (VARIANT: dflash, the default, "
                                                      "or a budget) or a bench JSON; repeatable.")] = None,
@@ -64,7 +67,7 @@ def bench(
     with out.errors_rendered(as_json):
         args = _bench_args(BenchArgs, budgets=_ints(budgets, "--budgets"), prompts=_prompts(prompts), batch=batch,
                            max_new_tokens=max_new_tokens, seeds=_ints(seeds, "--seeds", empty_ok=True),
-                           temperature=temperature, dflash=dflash, tree_stats=tree_stats,
+                           temperature=temperature, dflash=dflash, tree_stats=tree_stats, keep_going=keep_going,
                            tie_tolerance=tie_tolerance, keep_json=str((results / JSON_FILE).resolve()))
         baselines = [read_baseline(spec) for spec in baseline or []]
         _make_folder(results)

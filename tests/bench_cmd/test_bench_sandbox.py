@@ -103,6 +103,20 @@ def test_a_lossy_budget_fails_the_bench_naming_it(fleet: Fleet, tmp_path: Path) 
     assert status_row(fleet)["launch_args"] == before["launch_args"]
 
 
+def test_keep_going_measures_the_variants_after_a_lossy_one_and_still_fails(fleet: Fleet, tmp_path: Path) -> None:
+    before = status_row(fleet)
+    code, envelope = fleet.json("bench", "--host", "ct200", "--budgets", f"{LOSSY_FROM},16", "--no-dflash",
+                                "--keep-going", "--results", str(tmp_path), *QUICK)
+    report = host_report(envelope)
+    assert code == 1 and report["outcome"] == "rolled_back", report
+    assert report["reason"].startswith(f"ct200: ddtree@{LOSSY_FROM} is not lossless: prompt 0"), report["reason"]
+    measured = BenchResults.model_validate(bench_json(tmp_path))
+    assert [v.variant for v in measured.variants] == ["plain", f"ddtree@{LOSSY_FROM}", "ddtree@16"]
+    after = measured.variant("ddtree@16")
+    assert after and after.lossless and after.lossless.mismatch is None and after.runs
+    assert status_row(fleet)["launch_args"] == before["launch_args"]
+
+
 def test_baseline_gate_passes_on_the_same_numbers_and_fails_on_a_planted_regression(fleet: Fleet,
                                                                                    tmp_path: Path) -> None:
     first = tmp_path / "first"

@@ -30,6 +30,11 @@
 # used-token count back after the drain; _check adds SGLang's per-iteration pool and KV page checks
 # (duplicate free pages, freed pages still owned; dflash_check is their control) and _prev is
 # $DDTREE_PREV (0.3.0-rc.3: its commit rewrote req_to_token). Lines STRESS*[case] go to compare.txt, with any leak/double-free log lines.
+# Sharing the machine with another job (bench_sweep.sh in the background): PORT_BASE (default 30000)
+# moves the ports, CLIENTS_AFTER=FILE holds the clients until FILE exists (at most CLIENTS_WAIT s,
+# default 600), and $OUT/w/done.CASE is touched after each case's client, done.all at the end.
+# Every server runs with --sleep-on-idle: an idle scheduler otherwise spins a core, and the idle
+# servers share cores 0-11 with the one being timed.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -102,13 +107,13 @@ declare -A CENV=([copy_stress_dflash_check]="$MEMCHECK" [copy_stress_ddtree64_ch
 for b in 16 64; do  # the round's stage times (0.3.0-rc.4+): ddtree_profile lines, summarised after the client
   CASE[copy_ddtree${b}_prof]="${CASE[copy_ddtree$b]}"; CENV[copy_ddtree${b}_prof]="SGLANG_DDTREE_PROFILE=1 SGLANG_DDTREE_PROFILE_EVERY=32"
 done
-COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info"
+COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info --sleep-on-idle"
 suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; *_auto) echo _auto;; esac; }
 backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; _auto) ;; *) echo triton;; esac; }
 declare -A PORT PID
 i=0
 for c in "${CASES[@]}"; do
-  PORT[$c]=$((30000 + i)); i=$((i + 1))
+  PORT[$c]=$((${PORT_BASE:-30000} + i)); i=$((i + 1))
   site=/tmp/site; case $c in *_fault) site=/tmp/site_fault;; *_prev) site=/tmp/site_prev;; *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
   base=${c%$(suffix_of "$c")}
@@ -130,6 +135,10 @@ while [ $(el) -lt $((BUDGET - 200)) ]; do
   done
   [ $pending = 0 ] && break; sleep 3
 done
+if [ -n "${CLIENTS_AFTER:-}" ]; then
+  w0=$(el); while [ ! -e "$CLIENTS_AFTER" ] && [ $(( $(el) - w0 )) -lt "${CLIENTS_WAIT:-600}" ]; do sleep 3; done
+  echo "[$(el)s] clients start ($CLIENTS_AFTER $([ -e "$CLIENTS_AFTER" ] && echo exists || echo 'still missing'))"
+fi
 ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_stress_*) echo copy_stress_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 stress_case() {  # stress_client.py against the plain stress run's plan and outputs (none: plans itself)
@@ -143,7 +152,7 @@ stress_case() {  # stress_client.py against the plain stress run's plan and outp
 }
 for c in "${CASES[@]}"; do
   case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
-  case $c in copy_stress_*) stress_case "$c"; pack; continue;; esac
+  case $c in copy_stress_*) stress_case "$c"; touch "$O/done.$c"; pack; continue;; esac
   if [[ $(ref_of "$c") = copy_plain* ]] && [ -z "${STOPPED:-}" ]; then  # the other pair is done: stop its servers
     for d in "${CASES[@]}"; do [[ $(ref_of "$d") = plain* ]] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
   fi
@@ -155,14 +164,14 @@ for c in "${CASES[@]}"; do
   else
     echo "[$(el)s] $c: NOT ready; log tail:"; grep -v "^\[20" "$O/$c.log" | tail -n 25 | cut -c1-300
   fi
-  ref=$(ref_of "$c")
+  ref=$(ref_of "$c"); touch "$O/done.$c"
   [ "$c" = "$ref" ] || [ ! -f "$O/$c.json" ] || [ ! -f "$O/$ref.json" ] && continue
   PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
   case $c in hyb_*) python3 tools/gpu/hybrid_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" | tee -a "$O/compare.txt";; esac; pack
 done
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
-wait; grep -h "ddtree_debug" "$O"/*.log | head -2000 > "$O/ddtree_debug.txt"
+touch "$O/done.all"; wait; grep -h "ddtree_debug" "$O"/*.log | head -2000 > "$O/ddtree_debug.txt"
 [ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" --exclude=./triton -C /tmp/jitcache . 2>/dev/null
 [ -d /tmp/jitcache/triton ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp/jitcache triton 2>/dev/null
 echo "[$(el)s] done; files: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -1,29 +1,30 @@
 # Sourced by the GPU scripts that run ddtree-deploy itself on the GPU machine (deploy_on_gpu.sh,
-# bench_sweep.sh): `local_host_inventory FILE MODEL DRAFT MEM_FRACTION MAX_TOKENS MAX_BS` writes an
-# inventory of one `transport: local` host, h200, whose package root is the unpacked /tmp/site and
+# bench_sweep.sh): `local_host_inventory FILE MODEL DRAFT MEM_FRACTION MAX_TOKENS MAX_BS [SITE [PORT]]`
+# writes an inventory of one `transport: local` host, h200, whose package root is SITE (default the
+# unpacked /tmp/site) and
 # whose process service is the real `sglang.launch_server` on MODEL with DRAFT (CUDA graphs on, triton
 # attention, the image's python; a start compiles kernels, so ready_timeout_s is generous).
 local_host_inventory() {
-  local file=$1 model=$2 draft=$3 mem=$4 tokens=$5 bs=$6 py
+  local file=$1 model=$2 draft=$3 mem=$4 tokens=$5 bs=$6 site=${7:-/tmp/site} port=${8:-30000} py
   py=$(command -v python3)
   cat > "$file" <<YAML
 hosts:
   h200:
     transport: local
     python: $py
-    package_root: /tmp/site
+    package_root: $site
     state_dir: /tmp/ddtree-state
-    env: {PYTHONPATH: /tmp/site}
+    env: {PYTHONPATH: $site}
     service:
       kind: process
       command: [$py, -m, sglang.launch_server]
       args: [--model-path, $model, --speculative-draft-model-path, $draft,
-             --host, 127.0.0.1, --port, "30000", --attention-backend, triton, --sampling-backend, pytorch,
+             --host, 127.0.0.1, --port, "$port", --attention-backend, triton, --sampling-backend, pytorch,
              --mem-fraction-static, "$mem", --max-total-tokens, "$tokens", --context-length, "2048",
              --cuda-graph-max-bs-decode, "$bs", --disable-prefill-cuda-graph, --random-seed, "0"]
-      env: {PYTHONPATH: /tmp/site, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1",
+      env: {PYTHONPATH: $site, HF_HUB_OFFLINE: "1", TRANSFORMERS_OFFLINE: "1",
             TVM_FFI_CACHE_DIR: /tmp/jitcache, TRITON_CACHE_DIR: /tmp/jitcache/triton, FLASHINFER_WORKSPACE_BASE: /tmp/fi}
-      port: 30000
+      port: $port
       ready_timeout_s: 300
       stop_grace_s: 10
     probes:
