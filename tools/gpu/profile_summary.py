@@ -2,13 +2,16 @@
 """Summarise a DDTREE server log's `ddtree_profile {json}` lines (SGLANG_DDTREE_PROFILE=1, overlay 0.3.0-rc.4+).
 
 usage: profile_summary.py LABEL SERVER_LOG
-Prints one row per stage: GPU and host milliseconds per round, weighted by each line's rounds, and
-the share of the round; then the round and the lines' batch sizes. Each client phase (batch 1, batch
-4) writes its own lines, so the table mixes them unless the log holds one phase.
+Prints one row per stage: the median over the lines of its GPU and host milliseconds per round, and
+the share of the round; then the round and the lines' batch sizes. Medians, not means: a line whose
+rounds span a pause between requests (the idle gap lands in one stage) or the first compile holds
+stage times 100x the others (run 17: a mean `picks` of 125 ms against a median of 0.008). Each
+client phase (batch 1, batch 4) writes its own lines, so the table mixes them unless the log holds one.
 """
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 
 
@@ -21,8 +24,8 @@ def main() -> None:
         return
     rounds = sum(x["rounds"] for x in lines)
     stages = list(lines[0]["gpu_ms"])
-    gpu = {s: sum(x["gpu_ms"][s] * x["rounds"] for x in lines) / rounds for s in stages}
-    host = {s: sum(x["host_ms"][s] * x["rounds"] for x in lines) / rounds for s in stages}
+    gpu = {s: statistics.median(x["gpu_ms"][s] for x in lines) for s in stages}
+    host = {s: statistics.median(x["host_ms"][s] for x in lines) for s in stages}
     total_gpu, total_host = sum(gpu.values()), sum(host.values())
     print(f"PROFILE[{label}] {rounds} rounds in {len(lines)} lines, batch sizes "
           f"{sorted({x['bs_mean'] for x in lines})}")
