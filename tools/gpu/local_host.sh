@@ -1,9 +1,9 @@
 # Sourced by the GPU scripts that run ddtree-deploy itself on the GPU machine (deploy_on_gpu.sh,
 # bench_sweep.sh): `local_host_inventory FILE MODEL DRAFT MEM_FRACTION MAX_TOKENS MAX_BS [SITE [PORT]]`
 # writes an inventory of one `transport: local` host, h200, whose package root is SITE (default the
-# unpacked /tmp/site) and
-# whose process service is the real `sglang.launch_server` on MODEL with DRAFT (CUDA graphs on, triton
-# attention, the image's python; a start compiles kernels, so ready_timeout_s is generous).
+# unpacked /tmp/site) and whose process service is the real `sglang.launch_server` on MODEL with DRAFT
+# at PORT (default 30000; CUDA graphs on, triton attention, the image's python; a start compiles
+# kernels, so ready_timeout_s is generous).
 local_host_inventory() {
   local file=$1 model=$2 draft=$3 mem=$4 tokens=$5 bs=$6 site=${7:-/tmp/site} port=${8:-30000} py
   py=$(command -v python3)
