@@ -65,6 +65,12 @@ def test_offline_rounds_on_the_bench_prompts_are_a_bench_baseline(pair: Path) ->
     assert baseline.acceptance["dflash"].mean == log["chain_acceptance_bench_prompts"]
     corpus = read_baseline(f"{pair / 'dflash_offline_corpus.json'}=dflash")
     assert len(corpus.requests["dflash"]) == log["config"]["eval_prompts"]
+    # bench_sweep.sh's --prompts: the same held-out windows, so the server's DFLASH compares per request
+    prompts = json.loads((pair / "corpus_prompts.json").read_text())
+    assert set(corpus.requests["dflash"]) == {json.dumps(p) for p in prompts}
+    from ddtree_deploy.benchmark.sweep import BenchArgs
+
+    assert BenchArgs(prompts=prompts).prompts == prompts  # what `bench --prompts FILE` accepts
 
 
 def test_draft_checkpoint_is_what_sglangs_dflash_loader_expects(pair: Path, tmp_path: Path) -> None:

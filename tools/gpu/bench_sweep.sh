@@ -12,7 +12,8 @@
 # it its own copy: the push patches it), PORT (default 30000), WAIT_RESTART=FILE / WAIT_BENCH=FILE
 # hold the first restart and the bench until FILE exists (at most 900 s each), so the sweep's
 # timed passes do not share the GPU with the other job's clients; KEEP_GOING=1 (default) passes
-# --keep-going (a variant that is not lossless does not end the sweep).
+# --keep-going (a variant that is not lossless does not end the sweep); PROMPTS=default runs the bench's
+# pinned prompts instead of the pair's held-out corpus windows; SEEDS (e.g. '0') the sampled passes.
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$(pwd); G=$R/.gpu; V=${DDTREE_VERSION:-0.2.2}
@@ -44,9 +45,15 @@ tool 240 restart --host h200
 tool 300 push --host h200 --overlay "ddtree@$V"
 EXTRA=(); [ "${DFLASH:-1}" = 1 ] || EXTRA+=(--no-dflash); [ "${TREE_STATS:-1}" = 1 ] || EXTRA+=(--no-tree-stats)
 [ -n "${BASELINE:-}" ] && EXTRA+=(--baseline "$BASELINE"); [ "${KEEP_GOING:-1}" = 1 ] && EXTRA+=(--keep-going)
-# the trainer's offline DFLASH rounds on these same prompts: greedy commits the same tokens, so the
-# server's DFLASH must match them request by request (the bench lists the prompts that differ)
-[ "${DFLASH:-1}" = 1 ] && [ -f "$M/dflash_offline_bench_prompts.json" ] && EXTRA+=(--baseline "$M/dflash_offline_bench_prompts.json=dflash")
+# The held-out corpus prompts (PROMPTS=default for the bench's pinned prose), and the trainer's offline
+# DFLASH rounds on the same prompts: greedy commits the same tokens, so the server's DFLASH must match
+# them request by request (the bench lists the prompts that differ).
+OFFLINE=$M/dflash_offline_bench_prompts.json
+if [ "${PROMPTS:-corpus}" = corpus ] && [ -f "$M/corpus_prompts.json" ]; then
+  EXTRA+=(--prompts "$M/corpus_prompts.json"); OFFLINE=$M/dflash_offline_corpus.json
+fi
+[ -n "${SEEDS+x}" ] && EXTRA+=(--seeds "$SEEDS")
+[ "${DFLASH:-1}" = 1 ] && [ -f "$OFFLINE" ] && EXTRA+=(--baseline "$OFFLINE=dflash")
 hold "${WAIT_BENCH:-}"
 tool "${BENCH_TIMEOUT:-3000}" bench --host h200 --budgets "$BUDGETS" --batch "$BATCH" --results "$OUT/sweep" "${EXTRA[@]}"
 [ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" -C /tmp/jitcache . 2>/dev/null
