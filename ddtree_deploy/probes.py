@@ -34,7 +34,7 @@ class LosslessProbe(_Strict):
     max_new_tokens: int = Field(default=32, ge=32)
     tie_tolerance: float = Field(
         default=DEFAULT_TIE_TOLERANCE, ge=0,
-        description="nats: a split where the reference's runner-up is this close to its choice is bf16 "
+        description="nats: a split to one of the reference's best few tokens this close to its choice is bf16 "
                     "rounding, reported and passed; 0 passes only identical answers")
 
 

@@ -79,7 +79,7 @@ class TreeStats(_Model):
 
 
 class NearTie(_Model):
-    """A greedy answer that parts from the plain server's where plain's own top two tokens were near-tied."""
+    """A greedy answer that parts from the plain server's at a near-tie of plain's own best tokens."""
 
     prompt: int = Field(description="index into `prompts`")
     batch: int

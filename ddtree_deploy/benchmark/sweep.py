@@ -3,9 +3,9 @@
 Every restart goes through `service.restart` (fail fast on exit, a fatal log line or a foreign port
 owner), so a budget the server refuses ends the sweep with the log's tail, and the playbook's
 `on_failure` puts the host back. The plain server runs first and its greedy answers are the
-reference (recorded in one more, untimed pass with the top two log-probs per token): each
+reference (recorded in one more, untimed pass with the top five log-probs per token): each
 speculative variant's greedy answers, at batch 1 and at the user's batch, must equal them token for
-token (lossless) or part from them only where plain's own top two tokens were near-tied (a bf16
+token (lossless) or part from them only where plain's own best tokens were near-tied (a bf16
 split, divergence.py; each is listed), or the sweep stops there. Requests run through the host
 helper on the host's loopback; their time is measured there, so SSH latency never counts.
 """

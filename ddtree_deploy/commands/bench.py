@@ -49,7 +49,7 @@ def bench(
     max_tv: Annotated[float, typer.Option("--max-tv", min=0, help="Histograms' total-variation distance.")] = 0.05,
     tie_tolerance: Annotated[float, typer.Option(
         "--tie-tolerance", min=0, metavar="NATS",
-        help="A greedy answer may part from plain's where plain's top two log-probs are this close (bf16 "
+        help="A greedy answer may part from plain's to one of plain's best five tokens this close to its choice (bf16 "
              "rounding; each such split is listed); 0: identical answers only.")] = 0.5,  # divergence.DEFAULT_TIE_TOLERANCE
     results: Annotated[Path, typer.Option("--results", metavar="DIR", help="Folder for the results.")]
     = Path("bench-results"),

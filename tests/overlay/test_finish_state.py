@@ -18,10 +18,11 @@ import ast
 import logging
 import random
 import re
+import typing
 from array import array
 from http import HTTPStatus
 from types import SimpleNamespace
-from typing import Any, List, Optional, Union
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ def lift(source: str) -> type:
     methods = [node for node in req.body if isinstance(node, ast.FunctionDef) and node.name in METHODS]
     req.body, req.bases, req.decorator_list = methods, [], []
     namespace: dict[str, Any] = {"re": re, "logger": logging.getLogger("lifted"), "HTTPStatus": HTTPStatus,
-                                 "List": List, "Optional": Optional, "Union": Union}
+                                 **{name: getattr(typing, name) for name in ("List", "Optional", "Union")}}
     exec(compile(ast.Module(body=[*reasons, req], type_ignores=[]), PATH, "exec"), namespace)
     return namespace["Req"]
 

@@ -23,6 +23,13 @@ def test_a_split_to_the_runner_up_within_the_tolerance_is_a_near_tie_with_its_ga
     assert "near-tie" in split.describe() and "0.125" in split.describe()
 
 
+def test_a_split_to_a_third_token_tied_with_the_best_is_a_near_tie_when_recorded() -> None:
+    three_way = [[(-1.0, 7), (-1.0625, 5), (-1.125, 6), (-4.0, 2)]]  # bf16: three within 1/8 nat
+    split = compare([7], [6], three_way, tolerance=0.5)
+    assert (split.kind, split.gap) == ("near_tie", pytest.approx(0.125))
+    assert compare([7], [2], three_way, tolerance=0.5).kind == "mismatch"  # recorded, but 3 nats away
+
+
 def test_a_split_beyond_the_tolerance_or_with_tolerance_zero_is_a_mismatch() -> None:
     assert compare(EXPECTED, [7, 8, 11], TOP, tolerance=0.5).kind == "mismatch"  # gap 3
     assert compare(EXPECTED, [7, 9, 4], TOP, tolerance=0.0).kind == "mismatch"  # gap 0.125 > 0
