@@ -69,6 +69,20 @@ def test_debug_lines_give_tree_size_depth_and_top1_agreement_per_depth() -> None
     assert measure.tree_stats([]) is None
 
 
+def test_the_overlays_real_debug_lines_parse_into_tree_stats() -> None:
+    """Run 7's ddtree_debug records (0.2.1 on the H200, docs/gpu-runs/), as the server logs them."""
+    path = Path(__file__).resolve().parents[2] / "docs/gpu-runs/run7-ddtree-debug.jsonl"
+    raw = [json.loads(line) for line in path.read_text().splitlines()]
+    log = "\n".join(f"[2026-11-20 10:00:00 TP0] ddtree_debug {json.dumps(r)}" for r in raw)
+    rids = sorted({r["rid"] for r in raw})
+    stats = measure.tree_stats(measure.debug_records(log, rids))
+    assert stats is not None and stats.rounds == len(raw)
+    assert stats.nodes_mean == pytest.approx(sum(r["tree_nodes"] for r in raw) / len(raw))
+    assert stats.depth_max == max(r["tree_depth"] for r in raw)
+    first = [r["draft_top1_agree"][0] for r in raw]
+    assert stats.top1_agreement[0] == pytest.approx(sum(first) / len(first))
+
+
 def test_variants_rewrite_the_found_args_keeping_the_rest() -> None:
     found = ["--attention-backend", "triton", "--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget=64",
              "--speculative-dflash-block-size", "16", "--speculative-ddtree-debug"]
