@@ -6,6 +6,9 @@
 # lossless against the pre-push answers), then pushes a deliberately broken 0.2.99 (that version with
 # its ddtree_spec.py raising at import, so the server dies at start-up), which must fail fast and roll
 # back to a healthy server running the good version.
+# HYBRID=1 serves the copy hybrid instead (make_hybrid.py's hyb_copy: GatedDeltaNet layers, the copy
+# pair's draft, --max-running-requests 8), for 0.3.0 and later. The broken version is X.Y.99 of
+# $DDTREE_VERSION's X.Y, so it is always newer than the good one.
 # Carry: .gpu/site.tar.xz .gpu/scripts (and .gpu/jitcache.tar.gz, .gpu/triton_cache.tar.gz if any).
 # Everything lands in $OUT/deploy.tar.gz (transcript, JSON answers, inventory, server logs).
 set -u
@@ -20,17 +23,23 @@ mkdir -p /tmp/jitcache
 [ -f "$G/jitcache.tar.gz" ] && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache
 [ -f "$G/triton_cache.tar.gz" ] && tar -xzf "$G/triton_cache.tar.gz" -C /tmp/jitcache
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
+MODEL=/tmp/models/target_copy EXTRA=
+if [ "${HYBRID:-0}" = 1 ]; then
+  [ -d /tmp/models/hyb_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_hybrid.py" /tmp/models 2>&1 | grep -v shards
+  MODEL=/tmp/models/hyb_copy EXTRA='--max-running-requests, "8"'
+fi
 echo "[$(el)s] site and models ready"
 
-# Overlays the tool sees: the repo's ddtree versions plus a broken 0.2.99 made here (version $V
+# Overlays the tool sees: the repo's ddtree versions plus a broken X.Y.99 made here (version $V
 # exported whole, i.e. with what it inherits, then broken).
+BV=$(echo "$V" | cut -d. -f1-2).99
 OV=/tmp/ovl; rm -rf "$OV"; mkdir -p "$OV"; cp -r overlays/ddtree "$OV/ddtree"
-B=$OV/ddtree/0.2.99; PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$B" --overlays overlays >/dev/null
-sed -i "s/^version: $V\$/version: 0.2.99  # DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof/" "$B/overlay.yaml"
-printf 'raise RuntimeError("ddtree 0.2.99 is deliberately broken (rollback proof)")\n' >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
+B=$OV/ddtree/$BV; PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$B" --overlays overlays >/dev/null
+sed -i "s/^version: $V\$/version: $BV  # DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof/" "$B/overlay.yaml"
+printf 'raise RuntimeError("ddtree %s is deliberately broken (rollback proof)")\n' "$BV" >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
 
 . tools/gpu/local_host.sh
-local_host_inventory "$W/inventory.yaml" /tmp/models/target_copy /tmp/models/dflash_copy 0.05 32768 4
+local_host_inventory "$W/inventory.yaml" "$MODEL" /tmp/models/dflash_copy 0.05 32768 4 /tmp/site 30000 "$EXTRA"
 PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$W/overlay-$V" --overlays overlays >/dev/null
 # The tool runs from this checkout with the image's python (rich, typer, yaml, requests are there;
 # pydantic comes from /tmp/site).
@@ -68,7 +77,7 @@ meta = json.load(urllib.request.urlopen(req, timeout=25))["meta_info"]
 print("deployed server, alternating prompt:", {k: meta.get(k) for k in ("completion_tokens", "spec_accept_length", "spec_verify_ct")},
       f"{meta['completion_tokens'] / (time.perf_counter() - t):.0f} tok/s")
 PY
-[ "${QUICK:-0}" = 1 ] || tool broken 300 push --host h200 --overlay ddtree@0.2.99  # must fail fast and roll back
+[ "${QUICK:-0}" = 1 ] || tool broken 300 push --host h200 --overlay "ddtree@$BV"  # must fail fast and roll back
 tool status3  60 status
 tool json     60 status --json
 (cd /tmp && tar -cf - --exclude="ddtree-state/*/objects" ddtree-state) | tar -xf - -C "$W" 2>/dev/null  # not the 73 MB of objects: the tarball must come back
