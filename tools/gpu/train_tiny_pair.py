@@ -16,15 +16,12 @@ What it writes under --out:
   `layers.{i}.self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`, `mlp.{gate,up,down}_proj`, the two
   layer norms, `norm`, `fc` `[hidden, K*hidden]` and `hidden_norm`. The loader silently ignores a
   name it does not know, so `check_draft_checkpoint` proves every weight lands on a parameter.
-- `corpus_prompts.json`: the held-out corpus windows (token ids, 64 each), the prompts
-  `bench_sweep.sh` gives the bench: the drafter learnt from text like them, so its acceptance there is
-  the pair's own (on the bench's short prose prompts it is near 1).
-- `dflash_offline_{corpus,bench_prompts}.json`: the drafter's offline DFLASH rounds (greedy, pure
-  torch, the worker's round, the drafter loaded back from its checkpoint), in the bench's JSON
-  schema, on those corpus prompts and on the bench's own prompts (`ddtree_deploy.benchmark.sweep
-  .DEFAULT_PROMPTS`), 128 new tokens each. Greedy decoding commits the same tokens offline and
-  online, so a server bench on the same prompts must match the file request by request
-  (`--baseline FILE=dflash`).
+- `corpus_prompts.json`: the held-out corpus windows (64 token ids each) that `bench_sweep.sh` benches
+  on, text like the drafter's training data (on the bench's short prose prompts acceptance is near 1).
+- `dflash_offline_{corpus,bench_prompts}.json`: offline DFLASH rounds (greedy, torch, the drafter
+  loaded back from its checkpoint) on those windows and on the bench's `DEFAULT_PROMPTS`, 128 new
+  tokens each, in the bench's JSON schema: a server bench's `--baseline FILE=dflash` (its requests
+  agree with the server's until the first bf16 near-tie, run 18).
 - `train_log.json`: the arguments, corpus size, losses, both acceptance means.
 
 The drafter is distilled from the target: sequences are the target's own greedy continuations of
@@ -586,7 +583,6 @@ def main() -> None:
     filled = check_draft_checkpoint(draft_dir)
 
     held_out = [p.tolist() for p in prompts[cfg.distill_sequences:]]
-    # the sweep's --prompts: text like the drafter's training data, where its acceptance means something
     (options.out / "corpus_prompts.json").write_text(json.dumps(held_out) + "\n")
     corpus, bench = evaluate(load_draft(draft_dir, cfg, options.device), target, tokenizer, held_out, cfg, mask_id,
                              options.device, options.out)
