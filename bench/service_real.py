@@ -28,6 +28,8 @@ from ddtree_deploy import service
 from ddtree_deploy.inventory import HostSpec, ProcessService
 from ddtree_deploy.probes import HttpProbe, LosslessProbe, MetricsProbe, ProbeSpec, ServerInfoProbe
 from ddtree_deploy.probing import record_reference, run_probes
+from ddtree_deploy.protocol import LockController
+from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import LocalTransport
 
 SITE = Path("/tmp/site")
@@ -116,6 +118,8 @@ def main() -> None:
         service=spec,
     )
     transport = LocalTransport(host, owner="bench")
+    # the server's start and stop belong to the host lock's holder, as in a playbook after preflight
+    locks.lock(transport, ttl_s=3600, controller=LockController(host="gpu", pid=os.getpid()))
 
     if not opts.only_broken:
         healthy_steps(transport, save)

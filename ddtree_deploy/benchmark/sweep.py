@@ -196,7 +196,7 @@ class Sweep:
         if variant.algorithm is None:
             self._record_reference(variant, info)
         else:
-            result.lossless = self._lossless(variant, greedy)
+            result.lossless = self._lossless(greedy)
         if variant.algorithm == "DDTREE" and self.args.tree_stats:
             result.tree = self._tree_pass(Variant("DDTREE", variant.budget, debug=True))
         return result
@@ -291,7 +291,7 @@ class Sweep:
         self.results.sglang = info.get("version")
         self.results.model = info.get("model_path")
 
-    def _lossless(self, variant: Variant, greedy: list[tuple[RunResult, Answers]]) -> Lossless:
+    def _lossless(self, greedy: list[tuple[RunResult, Answers]]) -> Lossless:
         result = Lossless(compared=0, identical=0, tie_tolerance=self.args.tie_tolerance)
         for run, answers in greedy:
             for i, (ids, _) in sorted(answers.items()):

@@ -1,7 +1,8 @@
 """The host lock and the `state` op: who holds the host, what is deployed, whether a journal is open.
 
 `refuse_if_busy` is what every change asks first: no open (or damaged) journal, and the lock held by the caller
-(`require_lock`, which `restore` asks alone: it is the op that closes journals).
+(`require_lock`, which `restore` asks alone, as the op that closes journals, and so do the server's start and
+stop and `record_launch`: a restart under an open journal is part of its recovery).
 """
 
 from __future__ import annotations
@@ -163,7 +164,9 @@ def _why_not_held(ctx: Context, held: Dict[str, Any]) -> str:
 
 
 def record_launch(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Remember how the server was last started (full argv and the overlay's part), for `status`."""
+    """Remember how the server was last started (full argv and the overlay's part), for `status`; only for the
+    holder of the host lock, who started it."""
+    require_lock(ctx, "record_launch")
     ctx.ensure_state_dir()
     record = {"argv": list(args.get("argv") or []), "server_args": list(args.get("server_args") or []),
               "time": time.time(), "by": ctx.owner}

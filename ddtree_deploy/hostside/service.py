@@ -22,6 +22,7 @@ import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from .common import Context, HelperFailure, append_history, read_json, write_json
+from .locks import require_lock
 
 RECORD = "server.json"
 LOG = "server.log"
@@ -447,7 +448,9 @@ def _backend(ctx: Context, args: Dict[str, Any]) -> _Backend:
 # ---------------------------------------------------------------- ops
 
 def service_start(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Start the server with argv `args` (the full argv) and extra `env`; refuse if it runs or the port is taken."""
+    """Start the server with argv `args` (the full argv) and extra `env`; refuse if it runs or the port is taken,
+    or if the caller does not hold the host lock (two controllers must never start one server twice)."""
+    require_lock(ctx, "service_start")
     backend = _backend(ctx, args)
     # unbuffered by default: a python server's fatal lines must reach the log while we watch it
     env = {"PYTHONUNBUFFERED": "1"}
@@ -457,7 +460,9 @@ def service_start(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def service_stop(ctx: Context, args: Dict[str, Any]) -> Dict[str, Any]:
-    """Stop the server (the whole group: SIGTERM, `grace_s`, SIGKILL) and report whether the port is free."""
+    """Stop the server (the whole group: SIGTERM, `grace_s`, SIGKILL) and report whether the port is free; only
+    for the holder of the host lock (a stop under another controller's push would break its restart)."""
+    require_lock(ctx, "service_stop")
     backend = _backend(ctx, args)
     grace = float(args.get("grace_s", backend.spec.get("stop_grace_s", 30.0)))
     report = backend.stop(grace)

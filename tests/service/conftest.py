@@ -1,6 +1,7 @@
 """Fixtures for service and probe tests: a small host tree, a free port, and a LocalTransport to it.
 
-The host's package root holds a small `sglang` package with a real-shaped dist-info (the stand-in
+Each transport holds the host lock, as a playbook's `preflight` takes it: the server's start and stop
+refuse a caller without it. The host's package root holds a small `sglang` package with a real-shaped dist-info (the stand-in
 byte-compiles every module of it, so a broken module makes the server refuse to start, as the real
 one would). The server is `sandbox/standin_server.py` run by this python; every test's server is
 stopped (whole group) when the test ends.
@@ -20,6 +21,8 @@ import pytest
 
 from ddtree_deploy import service
 from ddtree_deploy.inventory import HostSpec, ProcessService
+from ddtree_deploy.protocol import LockController
+from ddtree_deploy.remote import locks
 from ddtree_deploy.transport import LocalTransport
 
 STANDIN = Path(__file__).resolve().parents[2] / "sandbox" / "standin_server.py"
@@ -29,6 +32,13 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def locked_transport(host: HostSpec) -> LocalTransport:
+    """A transport to `host` that holds its lock, as a playbook does after `preflight`."""
+    transport = LocalTransport(host, owner="test")
+    locks.lock(transport, ttl_s=600, controller=LockController(host="test", pid=os.getpid()))
+    return transport
 
 
 def make_package_root(root: Path, version: str = "0.5.17") -> Path:
@@ -63,7 +73,7 @@ class ServiceHost:
     def transport(self, spec: ProcessService, probes: list[Any] | None = None) -> LocalTransport:
         host = HostSpec(name="sbx", transport="local", python=sys.executable, package_root=str(self.package_root),
                         state_dir=str(self.root / "state"), service=spec, probes=probes or [])
-        return LocalTransport(host, owner="test")
+        return locked_transport(host)
 
 
 @pytest.fixture

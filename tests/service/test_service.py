@@ -243,3 +243,27 @@ def test_a_readiness_wait_asks_again_as_soon_as_the_closed_port_opens() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_start_stop_and_launch_record_are_refused_without_the_host_lock(svc_host: ServiceHost) -> None:
+    """Only the lock's holder drives the server: a second controller (another owner, its lock not taken)
+    cannot stop or start it under a running push, and nothing about the server changes."""
+    from ddtree_deploy.errors import HelperError
+    from ddtree_deploy.remote import locks
+    from ddtree_deploy.transport import LocalTransport
+
+    holder = svc_host.transport(svc_host.spec())
+    assert service.restart(holder).ready
+    before = service.status(holder)
+    intruder = LocalTransport(holder.host, owner="other")
+    for call in (lambda: service.stop(intruder, grace_s=0), lambda: service.start(intruder),
+                 lambda: locks.record_launch(intruder, ["x"], [])):
+        with pytest.raises(HelperError) as refused:
+            call()
+        assert refused.value.code == "locked" and "locked by test" in str(refused.value)
+    after = service.status(holder)
+    assert (after.running, after.pid) == (before.running, before.pid) and after.running
+    locks.unlock(holder)
+    with pytest.raises(HelperError) as unlocked:
+        service.stop(intruder, grace_s=0)
+    assert unlocked.value.code == "not_locked" and service.status(holder).running

@@ -14,7 +14,7 @@ import pytest
 from ddtree_deploy import service
 from ddtree_deploy.inventory import HostSpec, SystemdService
 from ddtree_deploy.transport import LocalTransport
-from tests.service.conftest import STANDIN
+from tests.service.conftest import STANDIN, locked_transport
 
 if TYPE_CHECKING:
     from tests.service.conftest import ServiceHost
@@ -37,7 +37,7 @@ def unit_transport(svc_host: ServiceHost, tmp_path: Path, monkeypatch: pytest.Mo
     spec = SystemdService(kind="systemd", unit="sglang.service", port=svc_host.port, ready_timeout_s=60)
     host = HostSpec(name="sbx", transport="local", python=sys.executable, package_root=str(svc_host.package_root),
                     state_dir=str(svc_host.root / "state"), service=spec)
-    transport = LocalTransport(host, owner="test")
+    transport = locked_transport(host)
     yield transport
     service.stop(transport)
 
