@@ -36,7 +36,7 @@ RC5 = "ddtree@0.3.0-rc.5"
 #: The Req methods the finish check runs, and the finish reasons it builds.
 METHODS = {"finished", "update_finish_state", "_check_vocab_boundary_finish", "_check_str_based_finish",
            "_check_token_based_finish", "_locate_str_stop_finished_len", "_stop_match_tail_len", "tail_str",
-           "output_ids_through_stop", "_finish_by_length", "_cap_finish_at_max_new_tokens"}
+           "output_ids_through_stop", "_check_stop_finish"}
 REASONS = {"BaseFinishReason", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR", "FINISHED_MATCHED_REGEX",
            "FINISH_LENGTH", "FINISH_ABORT"}
 EOS, STOP_TOKEN, VOCAB = 1, 2, 40
@@ -105,6 +105,13 @@ def decode(req: Any, runs: list[list[int]]) -> tuple[str, list[int]]:
         req.update_finish_state(len(run))
     assert req.finished(), "the cap always ends the request"
     return req.finished_reason.to_json()["type"], list(req.output_ids_through_stop)
+
+
+def test_an_early_stop_token_beats_a_later_stop_string_past_the_cap(pristine: type, patched: type) -> None:
+    tokens = [5, EOS, *encode("zo bcdefgh")]
+    plain = decode(request(pristine, 5, stop_strs=("zo ",)), [[t] for t in tokens])
+    assert plain == ("stop", [5, EOS])
+    assert decode(request(patched, 5, stop_strs=("zo ",)), [tokens]) == plain
 
 
 def test_a_stop_token_inside_the_budget_beats_the_cap(pristine: type, patched: type) -> None:
