@@ -1,13 +1,14 @@
 """Where a greedy answer parts from its reference, and whether a near-tie of the reference explains it.
 
 A bf16 server's numerics change with the batch shape: a verify forward over S tokens and a one-token
-decode can pick different tokens where the target's two best log-probs are within rounding of each other;
+decode can pick different tokens where the target's best log-probs are within rounding of each other;
 SGLang's own DFLASH, with no overlay, parted from plain decoding on 7 of 16 answers of a trained bf16
 pair (run 15 in docs/gpu-validation.md). A split is a `near_tie` when the token taken is among the
 reference's `TOP_TOKENS` best at that position and its log-prob is within `tolerance` nats of the
 reference's choice; anything else is a `mismatch`, and so is every split the reference recorded no
-log-probs for. Five, not two: bf16 log-probs tie three ways too, and in run 18 SGLang's own DFLASH
-took a token outside plain's recorded two at a position where its batch-1 answer took the runner-up.
+log-probs for. Five, not two: in run 18 SGLang's own DFLASH took a token outside plain's recorded
+two at a position where its batch-1 answer took the runner-up; a three-way bf16 tie there is the
+likely cause, not yet shown (that run recorded two).
 Tokens after a split are never compared (the two contexts differ from there on).
 """
 

@@ -3,9 +3,9 @@
 Every request goes through the host helper's `http` op to the server on the host's own loopback, so
 no server port needs to be reachable from the controller. Results keep their evidence (expected,
 got, first differing token). The `lossless` probe compares greedy outputs with a `Reference`
-recorded before the push (with the reference's top two log-probs per token when its server decodes
-plainly); speculative decoding is lossless, so any difference is a bug unless the reference's own top
-two tokens were near-tied there (divergence.py), which bf16 numerics explain and the result reports.
+recorded before the push (with the reference's top log-probs per token when its server decodes
+plainly); speculative decoding is lossless, so any difference is a bug unless the reference's own best
+tokens were near-tied there (divergence.py), which bf16 numerics explain and the result reports.
 Nothing here restarts anything.
 """
 
@@ -88,8 +88,8 @@ def generate_greedy(transport: Transport, prompt: str, max_new_tokens: int, *, l
     """Greedy `/generate` of one prompt; raises `ProbeError` (with the answer) if no output ids come back.
 
     `ignore_eos` makes every answer `max_new_tokens` long, so an early end-of-sequence can never keep
-    the probe from reaching the speculative decode path. `logprobs` asks for the top two log-probs per
-    token as well (meta_info's `output_top_logprobs`).
+    the probe from reaching the speculative decode path. `logprobs` asks for the top log-probs per
+    token as well (`divergence.TOP_TOKENS` of them) (meta_info's `output_top_logprobs`).
     """
     body: dict[str, Any] = {"text": prompt, **(divergence.LOGPROB_REQUEST if logprobs else {}),
                             "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens,

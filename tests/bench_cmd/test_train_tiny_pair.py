@@ -15,7 +15,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from ddtree_deploy.benchmark.sweep import DEFAULT_PROMPTS
+from ddtree_deploy.benchmark.sweep import DEFAULT_PROMPTS, BenchArgs
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
@@ -68,8 +68,6 @@ def test_offline_rounds_on_the_bench_prompts_are_a_bench_baseline(pair: Path) ->
     # bench_sweep.sh's --prompts: the same held-out windows, so the server's DFLASH compares per request
     prompts = json.loads((pair / "corpus_prompts.json").read_text())
     assert set(corpus.requests["dflash"]) == {json.dumps(p) for p in prompts}
-    from ddtree_deploy.benchmark.sweep import BenchArgs
-
     assert BenchArgs(prompts=prompts).prompts == prompts  # what `bench --prompts FILE` accepts
 
 
