@@ -14,7 +14,7 @@
 # timed passes do not share the GPU with the other job's clients; KEEP_GOING=1 (default) passes
 # --keep-going (a variant that is not lossless does not end the sweep); PROMPTS=default runs the bench's
 # pinned prompts instead of the pair's held-out corpus windows; SEEDS (e.g. '0') the sampled passes.
-set -u
+set -u -o pipefail
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; R=$(pwd); G=$R/.gpu; V=${DDTREE_VERSION:-0.2.2}
 BUDGETS=${BUDGETS:-16,32,64,128,256,512,1024}; BATCH=${BATCH:-4}
@@ -49,10 +49,11 @@ EXTRA=(); [ "${DFLASH:-1}" = 1 ] || EXTRA+=(--no-dflash); [ "${TREE_STATS:-1}" =
 # DFLASH rounds on the same prompts: greedy commits the same tokens, so the server's DFLASH must match
 # them request by request (the bench lists the prompts that differ).
 OFFLINE=$M/dflash_offline_bench_prompts.json
-if [ "${PROMPTS:-corpus}" = corpus ] && [ -f "$M/corpus_prompts.json" ]; then
+if [ "${PROMPTS:-corpus}" = corpus ]; then  # never a silent fall-back to the pinned prompts
+  [ -f "$M/corpus_prompts.json" ] || { echo "$M/corpus_prompts.json is missing: retrain the pair, or PROMPTS=default"; exit 2; }
   EXTRA+=(--prompts "$M/corpus_prompts.json"); OFFLINE=$M/dflash_offline_corpus.json
 fi
-[ -n "${SEEDS+x}" ] && EXTRA+=(--seeds "$SEEDS")
+[ -n "${SEEDS:-}" ] && EXTRA+=(--seeds "$SEEDS")
 [ "${DFLASH:-1}" = 1 ] && [ -f "$OFFLINE" ] && EXTRA+=(--baseline "$OFFLINE=dflash")
 hold "${WAIT_BENCH:-}"
 tool "${BENCH_TIMEOUT:-3000}" bench --host h200 --budgets "$BUDGETS" --batch "$BATCH" --results "$OUT/sweep" "${EXTRA[@]}"

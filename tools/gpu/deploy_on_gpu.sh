@@ -25,6 +25,7 @@ mkdir -p /tmp/jitcache
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 MODEL=/tmp/models/target_copy EXTRA=
 if [ "${HYBRID:-0}" = 1 ]; then
+  case $V in 0.[012].*) echo "HYBRID=1 needs ddtree 0.3.0 or later (0.2.x refuses hybrid targets); DDTREE_VERSION is $V"; exit 2;; esac
   [ -d /tmp/models/hyb_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_hybrid.py" /tmp/models 2>&1 | grep -v shards
   MODEL=/tmp/models/hyb_copy EXTRA='--max-running-requests, "8"'
 fi
@@ -36,6 +37,7 @@ BV=$(echo "$V" | cut -d. -f1-2).99
 OV=/tmp/ovl; rm -rf "$OV"; mkdir -p "$OV"; cp -r overlays/ddtree "$OV/ddtree"
 B=$OV/ddtree/$BV; PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$B" --overlays overlays >/dev/null
 sed -i "s/^version: $V\$/version: $BV  # DELIBERATELY BROKEN (ddtree_spec.py raises at import) for the rollback proof/" "$B/overlay.yaml"
+grep -q "^version: $BV " "$B/overlay.yaml" || { echo "could not mark $B/overlay.yaml as version $BV"; exit 2; }
 printf 'raise RuntimeError("ddtree %s is deliberately broken (rollback proof)")\n' "$BV" >> "$B/files/sglang/srt/speculative/ddtree_spec.py"
 
 . tools/gpu/local_host.sh

@@ -30,16 +30,21 @@ if [ "${1:-}" = --collect ]; then
   wait_sweep "${COLLECT_S:-560}"; exit 0
 fi
 
-mkdir -p $J/out
+: "${DDTREE_VERSION:?set DDTREE_VERSION: the cases' and the sweep's overlay}"
+running && { echo "a sweep is already running on this machine (pid $(cat $J/pid)); collect it with --collect"; exit 3; }
+rm -rf "$J"; mkdir -p "$J/out"  # a warm machine's earlier markers would start or end this sweep early
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf .gpu/site.tar.xz -C /tmp/site && touch /tmp/site/.done || exit 1; fi
-setsid nohup bash -c "PYTHONPATH=$R:/tmp/site python3 tools/gpu/train_tiny_pair.py --out $M --seed ${SEED:-0} \
-  > $J/train.txt 2>&1 && touch $J/trained" > /dev/null 2>&1 &
+# The training leaves one marker, trained or train_failed, so the waiter below never sits out its
+# 900 s on a training that already died.
+setsid nohup bash -c 'PYTHONPATH="$1:/tmp/site" python3 tools/gpu/train_tiny_pair.py --out "$2" --seed "$3" \
+  > "$4/train.txt" 2>&1 && touch "$4/trained" || touch "$4/train_failed"' _ "$R" "$M" "${SEED:-0}" "$J" > /dev/null 2>&1 &
 # the sweep starts once the pair exists (bench_sweep.sh would otherwise train it a second time)
-setsid nohup bash -c "w=0; while [ ! -e $J/trained ] && [ \$w -lt 900 ]; do sleep 3; w=\$((w + 3)); done
-  [ -e $J/trained ] || { echo 'no trained pair: see train.txt'; exit 1; }
-  OUT=$J/out PORT=31000 SITE=/tmp/site_sweep WAIT_BENCH=$J/cases_done BUDGETS=${SWEEP_BUDGETS:-16,64,256,1024} \
-    TREE_STATS=${SWEEP_TREE_STATS:-0} bash tools/gpu/bench_sweep.sh" > $J/log 2>&1 &
-echo $! > $J/pid
+setsid nohup bash -c 'J=$1; w=0
+  while [ ! -e "$J/trained" ] && [ ! -e "$J/train_failed" ] && [ $w -lt 900 ]; do sleep 3; w=$((w + 3)); done
+  [ -e "$J/trained" ] || { echo "no trained pair: see train.txt"; exit 1; }
+  OUT=$J/out PORT=31000 SITE=/tmp/site_sweep WAIT_BENCH=$J/cases_done BUDGETS=$2 TREE_STATS=$3 \
+    bash tools/gpu/bench_sweep.sh' _ "$J" "${SWEEP_BUDGETS:-16,64,256,1024}" "${SWEEP_TREE_STATS:-0}" > "$J/log" 2>&1 &
+echo $! > "$J/pid"
 echo "[$(el)s] training and the sweep started; cases: $*"
 if [ $# -gt 0 ]; then  # its many files stay here; only its packed results come back
   OUT=$J/cases PYTHONPATH=/tmp/site bash tools/gpu/ddtree_run.sh "$@"
