@@ -36,7 +36,7 @@ RC5 = "ddtree@0.3.0-rc.5"
 #: The Req methods the finish check runs, and the finish reasons it builds.
 METHODS = {"finished", "update_finish_state", "_check_vocab_boundary_finish", "_check_str_based_finish",
            "_check_token_based_finish", "_locate_str_stop_finished_len", "_stop_match_tail_len", "tail_str",
-           "output_ids_through_stop", "_check_stop_finish"}
+           "output_ids_through_stop", "_check_stop_finish", "_check_stop_finish_token_by_token"}
 REASONS = {"BaseFinishReason", "FINISH_MATCHED_TOKEN", "FINISH_MATCHED_STR", "FINISHED_MATCHED_REGEX",
            "FINISH_LENGTH", "FINISH_ABORT"}
 EOS, STOP_TOKEN, VOCAB = 1, 2, 40
@@ -96,15 +96,22 @@ def request(cls: type, cap: int, stop_strs: tuple[str, ...] = (), stop_token_ids
     return req
 
 
-def decode(req: Any, runs: list[list[int]]) -> tuple[str, list[int]]:
-    """Append each run and check the finish after it, as the scheduler does; (reason type, emitted ids)."""
+def outcome(req: Any, runs: list[list[int]]) -> tuple[dict[str, Any], Any, list[int]]:
+    """Append each run and check the finish after it, as the scheduler does; (the finish reason's
+    JSON, finished_len, emitted ids)."""
     for run in runs:
         if req.finished():
             break
         req.output_ids.extend(run)
         req.update_finish_state(len(run))
     assert req.finished(), "the cap always ends the request"
-    return req.finished_reason.to_json()["type"], list(req.output_ids_through_stop)
+    return req.finished_reason.to_json(), req.finished_len, list(req.output_ids_through_stop)
+
+
+def decode(req: Any, runs: list[list[int]]) -> tuple[str, list[int]]:
+    """(reason type, emitted ids) of `outcome`."""
+    reason, _, emitted = outcome(req, runs)
+    return reason["type"], emitted
 
 
 def test_an_early_stop_token_beats_a_later_stop_string_past_the_cap(pristine: type, patched: type) -> None:
@@ -145,8 +152,26 @@ def test_an_invalid_token_inside_the_budget_ends_the_request_at_it(patched: type
     assert (reason, emitted) == ("stop", [5, 6, EOS])  # sanitized to the EOS id, as 0.5.17 does
 
 
+def test_an_early_eos_beats_a_later_invalid_token_in_the_same_run(pristine: type, patched: type) -> None:
+    # 0.5.17 checks the whole run for invalid ids first, and would end at the later one
+    tokens = [6, EOS, 7, VOCAB + 7, 8]
+    plain = decode(request(pristine, 9), [[t] for t in tokens])
+    assert plain == ("stop", [6, EOS])
+    assert decode(request(patched, 9), [tokens]) == plain
+
+
+def test_an_early_stop_token_beats_a_later_stop_string_in_the_same_run(pristine: type, patched: type) -> None:
+    # 0.5.17 checks the whole run's text before its tokens, and would end at the later string
+    tokens = [6, STOP_TOKEN, *encode("x.yz")]
+    plain = decode(request(pristine, 9, ("x.",), (STOP_TOKEN,)), [[t] for t in tokens])
+    assert plain == ("stop", [6, STOP_TOKEN])
+    assert decode(request(patched, 9, ("x.",), (STOP_TOKEN,)), [tokens]) == plain
+
+
 def random_case(rng: random.Random) -> tuple[list[int], int, tuple[str, ...], tuple[int, ...]]:
-    tokens = [rng.choice([EOS, STOP_TOKEN] + list(range(3, 3 + len(ALPHABET)))) if rng.random() < 0.1
+    # specials: EOS, the stop id, a special that is neither (0), ids outside the vocabulary
+    specials = [EOS, STOP_TOKEN, 0, VOCAB, VOCAB + 7]
+    tokens = [rng.choice(specials) if rng.random() < 0.1
               else rng.randrange(3, 3 + len(ALPHABET)) for _ in range(rng.randrange(1, 30))]
     stops = tuple(rng.sample(["zo ", "ab", "q", "x.", "the"], rng.randrange(0, 3)))
     return tokens, rng.randrange(1, 32), stops, (STOP_TOKEN,) if rng.random() < 0.5 else ()
@@ -164,17 +189,12 @@ def split(tokens: list[int], rng: random.Random) -> list[list[int]]:
 def test_any_split_into_runs_finishes_as_plain_decoding_does(pristine: type, patched: type) -> None:
     """Random outputs, stops, caps and run lengths: the patched check on the runs, against
     0.5.17's on one token at a time (plain decoding, which the patch must leave as it is).
-    Every output is padded past the cap so that the cap or a stop ends it."""
-    rng, checked = random.Random(17), 0
+    Every output is padded past the cap so that the cap or a stop ends it. Equal means the same
+    finish reason (type and what it matched), finished_len and emitted ids."""
+    rng = random.Random(17)
     for _ in range(3000):
         tokens, cap, stops, stop_ids = random_case(rng)
         tokens += [rng.randrange(3, 3 + len(ALPHABET)) for _ in range(cap + 16)]
-        plain = decode(request(pristine, cap, stops, stop_ids), [[t] for t in tokens])
-        assert decode(request(patched, cap, stops, stop_ids), [[t] for t in tokens]) == plain
-        speculative = decode(request(patched, cap, stops, stop_ids), split(tokens, rng))
-        # a stop string is matched in order of the list, not of position: with two stop
-        # strings in one run SGLang may end at the later one (not the cap's business)
-        if len(stops) < 2:
-            assert speculative == plain, (tokens, cap, stops, stop_ids)
-            checked += 1
-    assert checked > 1500
+        plain = outcome(request(pristine, cap, stops, stop_ids), [[t] for t in tokens])
+        assert outcome(request(patched, cap, stops, stop_ids), [[t] for t in tokens]) == plain
+        assert outcome(request(patched, cap, stops, stop_ids), split(tokens, rng)) == plain, (tokens, cap, stops)
