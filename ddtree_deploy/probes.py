@@ -1,4 +1,4 @@
-"""Probes: what must hold after a restart (health, config, losslessness, metrics), as declared.
+"""Probes: what must hold after a restart (health, config, losslessness, sampling, metrics), as declared.
 
 A `ProbeSpec` is one entry of an overlay manifest's or an inventory host's `probes:` list, validated
 when that file loads; `probing.py` runs them against a host's server. Nothing here touches a host.
@@ -38,6 +38,19 @@ class LosslessProbe(_Strict):
                     "rounding, reported and passed; 0 passes only identical answers")
 
 
+class SampledProbe(_Strict):
+    """One sampled request, timed. A speculative server's first request with top_p < 1 compiles
+    flashinfer's sampling kernels inside the scheduler (104 s on an H200, run 19) and every request
+    waits for it; this probe makes the push pay that once, not the first user."""
+
+    kind: Literal["sampled"]
+    prompt: str = "the draft block is verified by the target"
+    temperature: float = Field(default=0.8, gt=0)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    max_new_tokens: int = Field(default=16, ge=1)
+    timeout_s: float = Field(default=300, gt=0, description="a first compile takes minutes")
+
+
 class MetricsProbe(_Strict):
     kind: Literal["metrics"]
     name: str
@@ -45,4 +58,5 @@ class MetricsProbe(_Strict):
     max: float | None = None
 
 
-ProbeSpec = Annotated[HttpProbe | ServerInfoProbe | LosslessProbe | MetricsProbe, Field(discriminator="kind")]
+ProbeSpec = Annotated[HttpProbe | ServerInfoProbe | LosslessProbe | SampledProbe | MetricsProbe,
+                      Field(discriminator="kind")]

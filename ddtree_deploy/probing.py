@@ -1,4 +1,4 @@
-"""Running probes against a host's server: health, config, losslessness and metrics, with their evidence.
+"""Running probes against a host's server: health, config, losslessness, sampling and metrics, with their evidence.
 
 Every request goes through the host helper's `http` op to the server on the host's own loopback, so
 no server port needs to be reachable from the controller. Results keep their evidence (expected,
@@ -215,6 +215,29 @@ def _run_lossless(transport: Transport, spec: Any, reference: Reference | None) 
                        message=f"{exact}/{len(spec.prompts)} prompts answer exactly as the reference{tied}{mean}")
 
 
+def _run_sampled(transport: Transport, spec: Any, reference: Reference | None) -> ProbeResult:
+    params = {"temperature": spec.temperature, "top_p": spec.top_p, "max_new_tokens": spec.max_new_tokens,
+              "ignore_eos": True}
+    name = f"sampled (T={spec.temperature:g}, top_p={spec.top_p:g})"
+    answer = http_request(transport, "/generate", method="POST", timeout=spec.timeout_s,
+                          body={"text": spec.prompt, "sampling_params": params})
+    took = f"{answer.elapsed_s:.1f} s"
+    try:
+        tokens = len(Generation.model_validate_json(answer.body).output_ids)
+    except ValueError:
+        tokens = 0
+    if not tokens:
+        return ProbeResult(kind="sampled", name=name, status="fail", expected=params,
+                           got=answer.status if answer.status is not None else answer.error,
+                           message=f"no sampled answer in {took} (limit {spec.timeout_s:g} s): "
+                                   f"{answer.error or answer.body[:120]!r}")
+    return ProbeResult(kind="sampled", name=name, status="pass", expected=params, got=tokens,
+                       details={"elapsed_s": answer.elapsed_s},
+                       message=f"{plural(tokens, 'sampled token')} in {took}"
+                               + (" (over 10 s: most likely the first compile of the sampling kernels, "
+                                  "which later requests do not wait for)" if answer.elapsed_s > 10 else ""))
+
+
 def _run_metrics(transport: Transport, spec: Any, reference: Reference | None) -> ProbeResult:
     from prometheus_client.parser import text_string_to_metric_families  # only metrics probes pay its import
 
@@ -238,7 +261,8 @@ def _run_metrics(transport: Transport, spec: Any, reference: Reference | None) -
 
 
 _RUNNERS: dict[str, Callable[[Transport, Any, Reference | None], ProbeResult]] = {
-    "http": _run_http, "server_info": _run_server_info, "lossless": _run_lossless, "metrics": _run_metrics,
+    "http": _run_http, "server_info": _run_server_info, "lossless": _run_lossless, "sampled": _run_sampled,
+    "metrics": _run_metrics,
 }
 
 

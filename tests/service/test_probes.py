@@ -8,7 +8,7 @@ import pytest
 
 from ddtree_deploy import service
 from ddtree_deploy.errors import ProbeError
-from ddtree_deploy.probes import HttpProbe, LosslessProbe, MetricsProbe, ProbeSpec, ServerInfoProbe
+from ddtree_deploy.probes import HttpProbe, LosslessProbe, MetricsProbe, ProbeSpec, SampledProbe, ServerInfoProbe
 from ddtree_deploy.probing import (
     ProbeResult,
     generate_greedy,
@@ -179,3 +179,27 @@ def test_http_request_reports_status_and_body(svc_host: ServiceHost) -> None:
     transport = _up(svc_host)
     missing = http_request(transport, "/no_such_path")
     assert missing.status == 404 and "Not Found" in missing.body and missing.error is None
+
+
+def test_the_sampled_probe_pays_the_first_compile_and_later_requests_do_not_wait(svc_host: ServiceHost) -> None:
+    transport = _up(svc_host, "--standin-first-sample-delay", "2")
+    probe = SampledProbe(kind="sampled")
+    first, second = run_probes(transport, [probe, probe])
+    assert (first.status, second.status) == ("pass", "pass"), (first.message, second.message)
+    assert first.got == second.got == 16 and "16 sampled tokens in" in first.message
+    assert first.details["elapsed_s"] >= 2 > second.details["elapsed_s"] + 1
+
+
+def test_the_sampled_probe_fails_when_no_answer_comes_in_time(svc_host: ServiceHost) -> None:
+    transport = _up(svc_host, "--standin-first-sample-delay", "3")
+    [result] = run_probes(transport, [SampledProbe(kind="sampled", timeout_s=0.5)])
+    assert result.status == "fail" and result.message.startswith("no sampled answer in ")
+    assert "(limit 0.5 s)" in result.message
+
+
+def test_a_greedy_server_does_not_wait_for_a_sampling_compile(svc_host: ServiceHost) -> None:
+    # the stand-in compiles only on a speculative server, as SGLang's plain sampler is torch
+    transport = svc_host.transport(svc_host.spec())
+    assert service.restart(transport, ["--standin-first-sample-delay", "3"]).ready
+    [result] = run_probes(transport, [SampledProbe(kind="sampled")])
+    assert result.status == "pass" and result.details["elapsed_s"] < 2
