@@ -21,6 +21,10 @@
 # default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
 # A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev) runs on /tmp/site_prev, overlay ddtree
 # $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
+# A case suffixed _tprof (copy_dflash, copy_ddtree64, hyb_copy_dflash, hyb_copy_ddtree16, hyb_copy_ddtree64)
+# gets no client: torch_profile.py profiles 40 of its scheduler's steps on repeating prompts at batch 1
+# (SGLang's /start_profile) and prints the kernels and CPU ops per step; the trace comes back as
+# $OUT/tprof_CASE.tar.gz. Run the DFLASH and DDTREE ones in the same call.
 # copy_ddtree16_prof / copy_ddtree64_prof run with SGLANG_DDTREE_PROFILE=1 (0.3.0-rc.4 and later): their
 # ddtree_profile lines (per-stage GPU and host ms of the round) are summarised by profile_summary.py.
 # Stress cases copy_stress_{plain,dflash,ddtree64,ddtree64_prev,dflash_check,ddtree64_check} run the copy pair with
@@ -104,6 +108,9 @@ for c in copy_stress_ddtree64 copy_stress_ddtree64_check copy_stress_ddtree64_pr
 done
 MEMCHECK="SGLANG_CHECK_KV_PAGE_INVARIANTS=1 SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1"
 declare -A CENV=([copy_stress_dflash_check]="$MEMCHECK" [copy_stress_ddtree64_check]="$MEMCHECK")
+for c in copy_dflash copy_ddtree64 hyb_copy_dflash hyb_copy_ddtree16 hyb_copy_ddtree64; do  # torch profiler only
+  CASE[${c}_tprof]="${CASE[$c]}"
+done
 for b in 16 64; do  # the round's stage times (0.3.0-rc.4+): ddtree_profile lines, summarised after the client
   CASE[copy_ddtree${b}_prof]="${CASE[copy_ddtree$b]}"; CENV[copy_ddtree${b}_prof]="SGLANG_DDTREE_PROFILE=1 SGLANG_DDTREE_PROFILE_EVERY=32"
 done
@@ -156,7 +163,11 @@ for c in "${CASES[@]}"; do
   if [[ $(ref_of "$c") = copy_plain* ]] && [ -z "${STOPPED:-}" ]; then  # the other pair is done: stop its servers
     for d in "${CASES[@]}"; do [[ $(ref_of "$d") = plain* ]] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
   fi
-  if [ "${READY[$c]:-}" = yes ]; then
+  if [ "${READY[$c]:-}" = yes ] && [[ $c = *_tprof ]]; then
+    echo "[$(el)s] $c: torch profiler"
+    PYTHONPATH=/tmp/site timeout 300 python3 tools/gpu/torch_profile.py run ${PORT[$c]} "$O/tprof_$c" "$c" | tee -a "$O/compare.txt"
+    tar -czf "$OUT/tprof_$c.tar.gz" -C "$O" "tprof_$c" 2>/dev/null; rm -rf "${O:?}/tprof_$c"; pack
+  elif [ "${READY[$c]:-}" = yes ]; then
     client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; esac
     echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
     case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
