@@ -15,6 +15,7 @@ import typer
 
 from ddtree_deploy import output as out
 from ddtree_deploy.commands._selection import Selection, fleet_command
+from ddtree_deploy.divergence import DEFAULT_TIE_TOLERANCE
 
 if TYPE_CHECKING:
     from ddtree_deploy.benchmark.sweep import BenchArgs
@@ -50,7 +51,7 @@ def bench(
     tie_tolerance: Annotated[float, typer.Option(
         "--tie-tolerance", min=0, metavar="NATS",
         help="A greedy answer may part from plain's to one of plain's best five tokens this close to its choice (bf16 "
-             "rounding; each such split is listed); 0: identical answers only.")] = 0.5,  # divergence.DEFAULT_TIE_TOLERANCE
+             "rounding; each such split is listed); 0: identical answers only.")] = DEFAULT_TIE_TOLERANCE,
     results: Annotated[Path, typer.Option("--results", metavar="DIR", help="Folder for the results.")]
     = Path("bench-results"),
     as_json: out.JsonOption = False,

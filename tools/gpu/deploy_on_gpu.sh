@@ -42,6 +42,9 @@ printf 'raise RuntimeError("ddtree %s is deliberately broken (rollback proof)")\
 
 . tools/gpu/local_host.sh
 local_host_inventory "$W/inventory.yaml" "$MODEL" /tmp/models/dflash_copy 0.05 32768 4 /tmp/site 30000 "$EXTRA"
+# SAMPLED=1: the host also runs the `sampled` probe (its probes list ends the file), so the push waits
+# out flashinfer's sampling compile (about 104 s on a fresh machine) and the probe's time says so.
+PUSH_T=300; [ "${SAMPLED:-0}" = 1 ] && echo '      - {kind: sampled}' >> "$W/inventory.yaml" && PUSH_T=420
 PYTHONPATH=$R:/tmp/site python3 -m ddtree_deploy.cli overlay export "ddtree@$V" "$W/overlay-$V" --overlays overlays >/dev/null
 # The tool runs from this checkout with the image's python (rich, typer, yaml, requests are there;
 # pydantic comes from /tmp/site).
@@ -55,7 +58,7 @@ tool() {  # name timeout args...
 tool status   60 status
 # QUICK=1 (a device budget of a few minutes): no pre-push server (so no lossless reference) and no broken push.
 [ "${QUICK:-0}" = 1 ] || tool start 240 restart --host h200   # the pre-push server: plain target, no DDTREE
-tool push    300 push --host h200 --overlay "ddtree@$V"  # snapshot, apply, restart with DDTREE, probes
+tool push "$PUSH_T" push --host h200 --overlay "ddtree@$V"  # snapshot, apply, restart with DDTREE, probes
 tool status2  60 status
 timeout 30 python3 - <<'PY' 2>&1 | tee -a "$W/transcript.txt"   # pip's RECORD after the push, read as pip reads it
 import base64, hashlib, importlib.metadata, pathlib
