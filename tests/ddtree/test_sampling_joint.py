@@ -1,0 +1,140 @@
+"""Overlay ddtree 0.3.0-rc.6: top-k and top-p are cut together as plain decoding cuts them.
+
+The oracle is SGLang 0.5.17's own plain sampler (sampler.py's
+``top_k_top_p_min_p_sampling_from_probs_torch``, lifted from the release file and run with a
+``torch.multinomial`` that records the masked probabilities it is asked to sample from). The node
+probabilities rc.6's worker samples from must be that distribution at every node; SGLang's DFLASH
+verify rule, which rc.2..rc.5 follow bit for bit (test_sampling_rules.py), must not be whenever
+both cuts bite: that is the control.
+"""
+
+from __future__ import annotations
+
+import ast
+import typing
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from ddtree_deploy.pristine import pristine_release
+from tests.ddtree.test_sampling_rules import NODES, TOP_K_ALL, VOCAB, batch_info, sparse_probs
+from tests.overlay.plan_digests import BASE
+
+RC6 = "ddtree@0.3.0-rc.6"
+SAMPLING = "sglang/srt/speculative/ddtree_sampling.py"
+PLAIN = "top_k_top_p_min_p_sampling_from_probs_torch"
+
+
+class RecordingTorch(SimpleNamespace):
+    """torch, except that multinomial records the (unnormalised) probabilities it samples from."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    def multinomial(self, probs: torch.Tensor, num_samples: int) -> torch.Tensor:
+        self.sampled_from = probs.clone()
+        return torch.zeros(probs.shape[0], num_samples, dtype=torch.int64)
+
+
+@pytest.fixture(scope="module")
+def plain_distribution() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    source = (pristine_release(BASE) / "sglang/srt/layers/sampler.py").read_text()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == PLAIN)
+    recorder = RecordingTorch()
+    namespace: dict[str, Any] = {"torch": recorder, "Optional": typing.Optional, "multinomial_with_seed": None}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "sampler.py", "exec"), namespace)
+
+    def distribution(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+        """The distribution plain decoding samples each row of `probs` from."""
+        namespace[PLAIN](probs, top_ks, top_ps, torch.zeros(len(probs)), False, None, None)
+        order = probs.sort(dim=-1, descending=True)[1]  # the sampler's own sort of the same rows
+        kept = torch.zeros_like(probs).scatter(1, order, recorder.sampled_from)
+        return kept / kept.sum(-1, keepdim=True)
+
+    return distribution
+
+
+@pytest.fixture(scope="module")
+def rc6(decode_tool: ModuleType) -> ModuleType:
+    return decode_tool.load_overlay_module(RC6, SAMPLING)
+
+
+def rc6_node_distribution(rc6: ModuleType, logits: torch.Tensor, info: SimpleNamespace,
+                          uniform: int | None) -> torch.Tensor:
+    """What rc.6's worker samples from at each node (its _sample_picks, both cuts set)."""
+    k = rc6.ddtree_sparse_top_k(need_top_k=True, max_top_k=int(info.top_ks.max()), vocab_size=VOCAB) or VOCAB
+    probs, tokens = rc6.ddtree_top_k_node_probs(
+        logits=logits, temperatures=info.temperatures, top_ks=info.top_ks, draft_token_num=NODES,
+        max_top_k=k, uniform_top_k_value=uniform, top_ps=info.top_ps)
+    return torch.zeros_like(logits).scatter(1, tokens, probs)
+
+
+def repeated(info: SimpleNamespace, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Plain decoding's inputs for the same nodes: probabilities at each request's temperature."""
+    temps = torch.repeat_interleave(info.temperatures, NODES, dim=0)
+    top_ks = torch.repeat_interleave(info.top_ks, NODES, dim=0).clamp(max=VOCAB)
+    return torch.softmax(logits / temps, dim=-1), top_ks, torch.repeat_interleave(info.top_ps, NODES, dim=0)
+
+
+CASES = [  # (top_ks, top_ps, uniform_top_k_value as the draft input computes it)
+    ([20, 20, 20], [0.95, 0.95, 0.95], 20),  # Qwen's recommended sampling
+    ([8, 3, 20], [0.5, 0.9, 0.8], None),
+    ([1, 5, 12], [1.0, 0.9, 0.5], None),  # a greedy request beside sampled ones
+    ([TOP_K_ALL, 6, 30], [0.7, 0.9, 1.0], None),  # one request without top_k: the whole vocabulary
+]
+
+
+@pytest.mark.parametrize("family", ["sharp", "flat", "bf16", "integer"])
+@pytest.mark.parametrize("case", CASES, ids=["qwen", "mixed", "greedy-beside", "one-unset"])
+def test_every_node_samples_from_plain_decodings_distribution(
+        rc6: ModuleType, plain_distribution: Callable[..., torch.Tensor], make_logits: Callable[..., torch.Tensor],
+        family: str, case: tuple[list[int], list[float], int | None]) -> None:
+    top_ks, top_ps, uniform = case
+    info = batch_info(top_ks, top_ps)
+    logits = make_logits(family, (3 * NODES, VOCAB), 23).float()
+    want, got = plain_distribution(*repeated(info, logits)), rc6_node_distribution(rc6, logits, info, uniform)
+    if family == "integer":  # exact ties across a cut: which tied token is kept is the sort's choice, either way
+        want, got = want.sort(dim=-1)[0], got.sort(dim=-1)[0]
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["flat", "bf16"])
+@pytest.mark.parametrize("case", CASES[:2], ids=["qwen", "mixed"])
+def test_the_control_rc5s_rule_which_is_dflashs_parts_from_plain_sampling(
+        decode_tool: ModuleType, plain_distribution: Callable[..., torch.Tensor],
+        make_logits: Callable[..., torch.Tensor], family: str, case: tuple[list[int], list[float], int | None]) -> None:
+    top_ks, top_ps, uniform = case
+    info = batch_info(top_ks, top_ps)
+    logits = make_logits(family, (3 * NODES, VOCAB), 23).float()
+    probs, tokens = sparse_probs(decode_tool.load_overlay_module("ddtree@0.3.0-rc.5", SAMPLING), logits, info, uniform)
+    gap = (torch.zeros_like(logits).scatter(1, tokens, probs) - plain_distribution(*repeated(info, logits))).abs()
+    assert gap.max() > 0.02  # 0.02-0.30 of probability moved, on these logits
+
+
+def test_dflashs_rule_keeps_fewer_tokens_than_plain_sampling(
+        rc6: ModuleType, decode_tool: ModuleType, plain_distribution: Callable[..., torch.Tensor]) -> None:
+    """Probabilities (0.4, 0.3, 0.3), top_k 2, top_p 0.5: plain samples 4:3 from the first two;
+    DFLASH's verify renormalises over the two (0.57, 0.43) and then cuts at 0.5, keeping one."""
+    rc5 = decode_tool.load_overlay_module("ddtree@0.3.0-rc.5", SAMPLING)
+    probs = torch.full((VOCAB,), 1e-9)
+    probs[:3] = torch.tensor([0.4, 0.3, 0.3])
+    logits = probs.log().repeat(NODES, 1)
+    info = SimpleNamespace(temperatures=torch.ones(1, 1), top_ks=torch.tensor([2]), top_ps=torch.tensor([0.5]),
+                           need_top_k_sampling=True, need_top_p_sampling=True)
+    plain = plain_distribution(torch.softmax(logits, -1), torch.full((NODES,), 2), torch.full((NODES,), 0.5))
+    assert torch.allclose(plain[0, :2], torch.tensor([4 / 7, 3 / 7]), atol=1e-5)
+    assert torch.allclose(rc6_node_distribution(rc6, logits, info, 2), plain, atol=1e-6)
+    dflash_probs, dflash_tokens = sparse_probs(rc5, logits, info, 2)
+    assert torch.equal(dflash_tokens[0], torch.tensor([0, 1])) and dflash_probs[0].tolist() == [1.0, 0.0]
+
+
+def test_without_top_p_the_node_probs_are_rc5s_bit_for_bit(rc6: ModuleType, decode_tool: ModuleType,
+                                                           make_logits: Callable[..., torch.Tensor]) -> None:
+    rc5 = decode_tool.load_overlay_module("ddtree@0.3.0-rc.5", SAMPLING)
+    info = batch_info([8, 3, 20], [1.0, 1.0, 1.0])
+    logits = make_logits("bf16", (3 * NODES, VOCAB), 5).float()
+    assert all(torch.equal(a, b) for a, b in zip(sparse_probs(rc6, logits, info, None),
+                                                 sparse_probs(rc5, logits, info, None), strict=True))
