@@ -39,9 +39,10 @@ class LosslessProbe(_Strict):
 
 
 class SampledProbe(_Strict):
-    """One sampled request, timed. A speculative server's first request with top_p < 1 compiles
-    flashinfer's sampling kernels inside the scheduler (104 s on an H200, run 19) and every request
-    waits for it; this probe makes the push pay that once, not the first user."""
+    """One sampled request, timed. A server's first request with top_p < 1 compiles flashinfer's
+    sampling kernels inside the scheduler (104 s on an H200, run 19), and every request waits for
+    it: always on a speculative server (its verify calls them), and on a plain one unless it runs
+    `--sampling-backend pytorch`. The probe makes the push pay that once, not the first user."""
 
     kind: Literal["sampled"]
     prompt: str = "the draft block is verified by the target"

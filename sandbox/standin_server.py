@@ -26,8 +26,9 @@ Test switches (argument, or the environment variable DDTREE_STANDIN_<NAME upper-
                               nats of the top token (what bf16 verify numerics do at near-ties)
   --standin-lossy-from-budget B  DDTREE at a budget >= B changes output ids as --standin-corrupt-outputs does
   --standin-max-ddtree-budget B  DDTREE at a budget > B dies at start-up with a Traceback (state does not fit)
-  --standin-first-sample-delay S  a speculative server's first request with top_p < 1 holds every
-                              request S seconds (flashinfer's sampling JIT compile in SGLang's scheduler)
+  --standin-first-sample-delay S  the first request with top_p < 1 holds every request S seconds
+                              (flashinfer's sampling JIT compile in SGLang's scheduler), unless the
+                              server is plain and runs --sampling-backend pytorch
   --standin-compile-only      compile the package and exit (0 ok, 1 Traceback): warms the cache
   --package-root DIR          where sglang/ lives (default: where this python imports it from)
 """
@@ -243,7 +244,8 @@ class Model:
             self.corrupt = True
         self.log_interval = max(1, int(args["decode_log_interval"]))
         self.lock = threading.Lock()
-        self.sample_compile_s = float(switch(args, "standin_first_sample_delay", 0.0)) if self.algorithm else 0.0
+        torch_sampler = args.get("sampling_backend") == "pytorch" and not self.algorithm
+        self.sample_compile_s = 0.0 if torch_sampler else float(switch(args, "standin_first_sample_delay", 0.0))
         self.requests = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0

@@ -84,15 +84,17 @@ def patched() -> type:
     return lift(landed.decode())
 
 
-def request(cls: type, cap: int, stop_strs: tuple[str, ...] = (), stop_token_ids: tuple[int, ...] = ()) -> Any:
+def request(cls: type, cap: int, stop_strs: tuple[str, ...] = (), stop_token_ids: tuple[int, ...] = (), *,
+            regexes: tuple[str, ...] = (), ignore_eos: bool = False, extra_stop_ids: tuple[int, ...] = ()) -> Any:
     req = cls()
     req.output_ids, req.finished_reason, req.finished_len, req.to_finish = array("q"), None, None, None
     req.grammar, req.tokenizer, req.vocab_size, req.decoded_text = None, CharTokenizer(), VOCAB, ""
-    req.eos_token_ids = {EOS}
+    req.tokenizer.additional_stop_token_ids = set(extra_stop_ids) or None
+    req.eos_token_ids, req.rid = {EOS}, "r"
     req.sampling_params = SimpleNamespace(
-        max_new_tokens=cap, ignore_eos=False, stop_strs=list(stop_strs), stop_regex_strs=[],
+        max_new_tokens=cap, ignore_eos=ignore_eos, stop_strs=list(stop_strs), stop_regex_strs=list(regexes),
         stop_token_ids=set(stop_token_ids), stop_str_max_len=max((len(s) for s in stop_strs), default=0),
-        stop_regex_max_len=0)
+        stop_regex_max_len=8 if regexes else 0)
     return req
 
 
@@ -168,13 +170,19 @@ def test_an_early_stop_token_beats_a_later_stop_string_in_the_same_run(pristine:
     assert decode(request(patched, 9, ("x.",), (STOP_TOKEN,)), [tokens]) == plain
 
 
-def random_case(rng: random.Random) -> tuple[list[int], int, tuple[str, ...], tuple[int, ...]]:
+def random_case(rng: random.Random) -> tuple[list[int], dict[str, Any]]:
     # specials: EOS, the stop id, a special that is neither (0), ids outside the vocabulary
-    specials = [EOS, STOP_TOKEN, 0, VOCAB, VOCAB + 7]
+    specials = [EOS, STOP_TOKEN, 0, VOCAB, VOCAB + 7, -3]
     tokens = [rng.choice(specials) if rng.random() < 0.1
               else rng.randrange(3, 3 + len(ALPHABET)) for _ in range(rng.randrange(1, 30))]
-    stops = tuple(rng.sample(["zo ", "ab", "q", "x.", "the"], rng.randrange(0, 3)))
-    return tokens, rng.randrange(1, 32), stops, (STOP_TOKEN,) if rng.random() < 0.5 else ()
+    return tokens, {
+        "cap": rng.randrange(0, 32),
+        "stop_strs": tuple(rng.sample(["zo ", "ab", "q", "x.", "the"], rng.randrange(0, 3))),
+        "stop_token_ids": (STOP_TOKEN,) if rng.random() < 0.5 else (),
+        "regexes": tuple(rng.sample(["z+o", "a.c", "[xy]{2}"], rng.randrange(0, 2))),
+        "ignore_eos": rng.random() < 0.2,
+        "extra_stop_ids": (0,) if rng.random() < 0.2 else (),
+    }
 
 
 def split(tokens: list[int], rng: random.Random) -> list[list[int]]:
@@ -189,12 +197,13 @@ def split(tokens: list[int], rng: random.Random) -> list[list[int]]:
 def test_any_split_into_runs_finishes_as_plain_decoding_does(pristine: type, patched: type) -> None:
     """Random outputs, stops, caps and run lengths: the patched check on the runs, against
     0.5.17's on one token at a time (plain decoding, which the patch must leave as it is).
-    Every output is padded past the cap so that the cap or a stop ends it. Equal means the same
-    finish reason (type and what it matched), finished_len and emitted ids."""
+    Every output is padded past the cap so that the cap or a stop ends it. Cases draw caps from 0,
+    stop strings, stop ids, regexes, ignore_eos and the tokenizer's extra stop ids. Equal means the
+    same finish reason (type and what it matched), finished_len and emitted ids."""
     rng = random.Random(17)
     for _ in range(3000):
-        tokens, cap, stops, stop_ids = random_case(rng)
-        tokens += [rng.randrange(3, 3 + len(ALPHABET)) for _ in range(cap + 16)]
-        plain = outcome(request(pristine, cap, stops, stop_ids), [[t] for t in tokens])
-        assert outcome(request(patched, cap, stops, stop_ids), [[t] for t in tokens]) == plain
-        assert outcome(request(patched, cap, stops, stop_ids), split(tokens, rng)) == plain, (tokens, cap, stops)
+        tokens, case = random_case(rng)
+        tokens += [rng.randrange(3, 3 + len(ALPHABET)) for _ in range(case["cap"] + 16)]
+        plain = outcome(request(pristine, **case), [[t] for t in tokens])
+        assert outcome(request(patched, **case), [[t] for t in tokens]) == plain
+        assert outcome(request(patched, **case), split(tokens, rng)) == plain, (tokens, case)

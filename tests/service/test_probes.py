@@ -197,9 +197,10 @@ def test_the_sampled_probe_fails_when_no_answer_comes_in_time(svc_host: ServiceH
     assert "(limit 0.5 s)" in result.message
 
 
-def test_a_greedy_server_does_not_wait_for_a_sampling_compile(svc_host: ServiceHost) -> None:
-    # the stand-in compiles only on a speculative server, as SGLang's plain sampler is torch
+@pytest.mark.parametrize(("args", "waits"), [([], True), (["--sampling-backend", "pytorch"], False)])
+def test_a_plain_server_waits_for_the_compile_unless_it_samples_with_torch(
+        svc_host: ServiceHost, args: list[str], waits: bool) -> None:
     transport = svc_host.transport(svc_host.spec())
-    assert service.restart(transport, ["--standin-first-sample-delay", "3"]).ready
+    assert service.restart(transport, ["--standin-first-sample-delay", "2", *args]).ready
     [result] = run_probes(transport, [SampledProbe(kind="sampled")])
-    assert result.status == "pass" and result.details["elapsed_s"] < 2
+    assert result.status == "pass" and (result.details["elapsed_s"] >= 2) == waits

@@ -36,7 +36,7 @@ def traced(tmp_path: Path) -> Path:
 
 def test_the_summary_counts_ops_per_step_from_a_real_trace(tmp_path: Path) -> None:
     lines = tool().summarize("cpu", [traced(tmp_path)], steps=2)
-    assert lines[0].startswith("TPROF[cpu] 2 steps: GPU kernels 0.000 ms in 0 launches per step")
+    assert lines[0].startswith("TPROF[cpu] 2 steps: GPU kernels 0.000 ms in 0 launches per step; wall span")
     mm = next(line for line in lines if line.endswith("aten::mm"))
     assert "cpu_op" in mm and "2.0x" in mm  # four calls over two steps
     assert any(line.endswith("aten::softmax") and "0.5x" in line for line in lines)

@@ -165,7 +165,9 @@ for c in "${CASES[@]}"; do
   fi
   if [ "${READY[$c]:-}" = yes ] && [[ $c = *_tprof ]]; then
     echo "[$(el)s] $c: torch profiler"
-    PYTHONPATH=/tmp/site timeout 300 python3 tools/gpu/torch_profile.py run ${PORT[$c]} "$O/tprof_$c" "$c" | tee -a "$O/compare.txt"
+    PYTHONPATH=/tmp/site timeout 300 python3 tools/gpu/torch_profile.py run ${PORT[$c]} "$O/tprof_$c" "$c" > "$O/$c.tprof.txt" 2>&1 \
+      || echo "TPROF[$c] FAILED (exit $?)" >> "$O/$c.tprof.txt"
+    tee -a "$O/compare.txt" < "$O/$c.tprof.txt"
     tar -czf "$OUT/tprof_$c.tar.gz" -C "$O" "tprof_$c" 2>/dev/null; rm -rf "${O:?}/tprof_$c"; pack
   elif [ "${READY[$c]:-}" = yes ]; then
     client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; esac

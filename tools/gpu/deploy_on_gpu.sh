@@ -2,13 +2,13 @@
 # Runs ON THE GPU MACHINE from the repo root:  bash tools/gpu/deploy_on_gpu.sh
 # "The tool deploys it for real": the real SGLang 0.5.17 (pristine, /tmp/site) serves the copy pair;
 # ddtree-deploy (this checkout, transport: local) restarts it as the pre-push server, pushes
-# ddtree $DDTREE_VERSION (default 0.2.2, the newest; snapshot, apply, restart with DDTREE, probes incl.
-# lossless against the pre-push answers), then pushes a deliberately broken 0.2.99 (that version with
+# ddtree $DDTREE_VERSION (default 0.2.2; snapshot, apply, restart with DDTREE, probes incl.
+# lossless against the pre-push answers), then pushes a deliberately broken X.Y.99 (that version with
 # its ddtree_spec.py raising at import, so the server dies at start-up), which must fail fast and roll
 # back to a healthy server running the good version.
 # HYBRID=1 serves the copy hybrid instead (make_hybrid.py's hyb_copy: GatedDeltaNet layers, the copy
-# pair's draft, --max-running-requests 8), for 0.3.0 and later. The broken version is X.Y.99 of
-# $DDTREE_VERSION's X.Y, so it is always newer than the good one.
+# pair's draft, --max-running-requests 8), for 0.3.0 and later (set DDTREE_VERSION; the default is
+# refused). The broken version is X.Y.99 of $DDTREE_VERSION's X.Y, so it is always newer than the good one.
 # Carry: .gpu/site.tar.xz .gpu/scripts (and .gpu/jitcache.tar.gz, .gpu/triton_cache.tar.gz if any).
 # Everything lands in $OUT/deploy.tar.gz (transcript, JSON answers, inventory, server logs).
 set -u

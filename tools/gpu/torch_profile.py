@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Profile one running SGLang server's scheduler with the torch profiler, and summarise the trace.
 
-usage: torch_profile.py run PORT OUT_DIR LABEL [STEPS=40]   # /start_profile, repeating prompts, summary
-       torch_profile.py summarize LABEL TRACE [TRACE...]    # a chrome trace (.json or .json.gz)
+usage: torch_profile.py run PORT OUT_DIR LABEL [STEPS=40]     # /start_profile, repeating prompts, summary
+       torch_profile.py summarize LABEL STEPS TRACE [TRACE...]  # a chrome trace (.json or .json.gz)
 
 `run` asks the server for STEPS forward steps of CPU and GPU activity (SGLang's /start_profile stops by
 itself after them), sends the copy pair's repeating prompts at batch 1 until a trace lands in
@@ -10,8 +10,11 @@ OUT_DIR, then prints the summary. Unlike SGLANG_DDTREE_PROFILE (CUDA events ever
 run 17 about 40%), the profiler runs only for those steps, and it sees every kernel of the round,
 DFLASH's as well as DDTREE's, so two servers of one call compare stage by stage.
 
-The summary, per step: GPU kernel time and count, the CPU span of the steps, and the kernels and CPU
-ops with the most total time (a CPU op's time includes the ops it calls).
+The summary, per step: GPU kernel time and count, the trace's wall span (idle time between the
+client's requests included, and the few prefills among the steps), and the kernels and CPU ops with
+the most total time (a CPU op's time includes the ops it calls). SGLang's profiler never calls
+`prof.step()`, so the trace has no step markers: STEPS is what was asked for. Stacks and shapes are
+not recorded (SGLang records both unless told not to), so CPU op times stay close to unprofiled.
 """
 from __future__ import annotations
 
@@ -31,14 +34,14 @@ def load_events(path: Path) -> list[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def summarize(label: str, paths: list[Path], steps: int | None = None) -> list[str]:
+def summarize(label: str, paths: list[Path], steps: int) -> list[str]:
     events = [e for p in paths for e in load_events(p) if e.get("ph") == "X" and "dur" in e]
     kernels = [e for e in events if e.get("cat") == "kernel"]
     cpu_ops = [e for e in events if e.get("cat") == "cpu_op"]
-    steps = steps or max(1, sum(1 for e in cpu_ops if str(e.get("name", "")).startswith("ProfilerStep")))
     span = (max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)) if events else 0.0
     lines = [f"TPROF[{label}] {steps} steps: GPU kernels {sum(e['dur'] for e in kernels) / steps / 1000:.3f} ms "
-             f"in {len(kernels) / steps:.0f} launches per step; trace span {span / steps / 1000:.3f} ms per step"]
+             f"in {len(kernels) / steps:.0f} launches per step; wall span {span / steps / 1000:.3f} ms per step "
+             f"(idle between requests included)"]
     for kind, rows in (("kernel", kernels), ("cpu_op", cpu_ops)):
         total: dict[str, float] = defaultdict(float)
         count: Counter[str] = Counter()
@@ -55,14 +58,14 @@ def run(port: int, out_dir: Path, label: str, steps: int) -> list[str]:
 
     url = f"http://127.0.0.1:{port}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    requests.post(url + "/start_profile", json={"output_dir": str(out_dir), "num_steps": steps,
-                                                "activities": ["CPU", "GPU"]}, timeout=60).raise_for_status()
+    requests.post(url + "/start_profile", json={"output_dir": str(out_dir), "num_steps": steps, "with_stack": False,
+                                                "record_shapes": False, "activities": ["CPU", "GPU"]},
+                  timeout=60).raise_for_status()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not list(out_dir.rglob("*.trace.json*")):
         for k in (0, 40, 90):  # make_models.py's copy target repeats tokens below 256: the draft is always right
             requests.post(url + "/generate", json={"input_ids": [5 + k] * 8, "sampling_params": {
                 "temperature": 0, "max_new_tokens": 96, "ignore_eos": True}}, timeout=120).raise_for_status()
-    time.sleep(5)  # the scheduler writes the trace after the last step
     traces = sorted(out_dir.rglob("*.trace.json*"))
     if not traces:
         return [f"TPROF[{label}] no trace in {out_dir} after 240 s"]
@@ -73,7 +76,7 @@ def main() -> None:
     if sys.argv[1] == "run":
         lines = run(int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], int(sys.argv[5]) if len(sys.argv) > 5 else 40)
     else:
-        lines = summarize(sys.argv[2], [Path(p) for p in sys.argv[3:]])
+        lines = summarize(sys.argv[2], [Path(p) for p in sys.argv[4:]], int(sys.argv[3]))
     print("\n".join(lines))
 
 
