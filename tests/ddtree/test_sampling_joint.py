@@ -11,6 +11,8 @@ both cuts bite: that is the control.
 from __future__ import annotations
 
 import ast
+import dataclasses
+import math
 import typing
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
@@ -20,7 +22,19 @@ import pytest
 import torch
 
 from ddtree_deploy.pristine import pristine_release
-from tests.ddtree.test_sampling_rules import NODES, TOP_K_ALL, VOCAB, batch_info, sparse_probs
+from tests.ddtree.test_sampling_lossless import (
+    N_PLAIN,
+    N_PLANTED,
+    N_TREE,
+    P_MIN,
+    POSITIONS,
+    PROMPT,
+    TEMPERATURE,
+    compare,
+    markov_pair,
+    tree_samples,
+)
+from tests.ddtree.test_sampling_rules import NODES, TOP_K_ALL, VOCAB, batch_info, sparse_probs, top_p_renorm
 from tests.overlay.plan_digests import BASE
 
 RC6 = "ddtree@0.3.0-rc.6"
@@ -138,3 +152,63 @@ def test_without_top_p_the_node_probs_are_rc5s_bit_for_bit(rc6: ModuleType, deco
     logits = make_logits("bf16", (3 * NODES, VOCAB), 5).float()
     assert all(torch.equal(a, b) for a, b in zip(sparse_probs(rc6, logits, info, None),
                                                  sparse_probs(rc5, logits, info, None), strict=True))
+
+
+# --------------------------------------------------------------------------- end to end, chi-square
+TOP_K, TOP_P = 2, 0.5  # on the Markov pair plain keeps two successors (about 0.62 : 0.38), DFLASH's rule one
+
+
+def sampler_for(tool: ModuleType, distribution: Callable[[torch.Tensor], torch.Tensor]
+                ) -> Callable[[torch.Generator], Any]:
+    """Samplers at TEMPERATURE whose every row (position or tree node) is drawn from `distribution`."""
+
+    @dataclasses.dataclass
+    class Cut(tool.Sampler):
+        def probs(self, logits: torch.Tensor) -> torch.Tensor:
+            return distribution(logits.float()).double()
+
+    return lambda generator: Cut(TEMPERATURE, generator)
+
+
+def node_rule(module: ModuleType, joint: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An overlay version's node distribution for one request of TOP_K and TOP_P: joint (rc.6) or
+    top-p after the top-k renormalisation (rc.5, DFLASH's verify)."""
+
+    def distribution(logits: torch.Tensor) -> torch.Tensor:
+        rows = logits.shape[0]
+        probs, tokens = module.ddtree_top_k_node_probs(
+            logits=logits, temperatures=torch.tensor([[TEMPERATURE]]), top_ks=torch.tensor([TOP_K]),
+            draft_token_num=rows, max_top_k=TOP_K, uniform_top_k_value=TOP_K,
+            **({"top_ps": torch.tensor([TOP_P])} if joint else {}))
+        if not joint:
+            probs = top_p_renorm(probs, torch.full((rows,), TOP_P))
+        return torch.zeros_like(logits).scatter(1, tokens, probs)
+
+    return distribution
+
+
+@pytest.fixture(scope="module")
+def joint_plain(decode_tool: ModuleType, plain_distribution: Callable[..., torch.Tensor]
+                ) -> tuple[tuple[Any, Any], list[list[int]]]:
+    pair = markov_pair(decode_tool)
+    plain = sampler_for(decode_tool, lambda logits: plain_distribution(
+        torch.softmax(logits / TEMPERATURE, -1), torch.full((len(logits),), TOP_K), torch.full((len(logits),), TOP_P)))
+    return pair, decode_tool.sample_generate(pair[0], PROMPT, POSITIONS, plain(torch.Generator().manual_seed(0)),
+                                             rows=N_PLAIN)
+
+
+@pytest.mark.parametrize(("spec", "joint", "n", "lossless"), [("ddtree@0.3.0-rc.6", True, N_TREE, True),
+                                                               ("ddtree@0.3.0-rc.5", False, N_PLANTED, False)],
+                         ids=["rc6-joint", "rc5-control"])
+def test_with_both_cuts_only_the_joint_rule_samples_as_plain_decoding(
+        decode_tool: ModuleType, joint_plain: tuple[tuple[Any, Any], list[list[int]]], spec: str, joint: bool,
+        n: int, lossless: bool) -> None:
+    pair, plain = joint_plain
+    rule = node_rule(decode_tool.load_overlay_module(spec, SAMPLING), joint)
+    rows, accept = tree_samples(decode_tool, pair, "ddtree@16", n, seed=7, sampler_for=sampler_for(decode_tool, rule))
+    assert accept > 1.5, "the trees must accept nodes, or the test only compares plain samples"
+    p_values = compare(decode_tool, f"{spec}, top_k {TOP_K}, top_p {TOP_P}", rows, plain, accept)
+    for position, p_value in enumerate(p_values):
+        if math.isnan(p_value):  # one token only at this position, in both samples: no degree of freedom
+            assert {r[position] for r in rows} == {r[position] for r in plain}
+    assert (min(p for p in p_values if not math.isnan(p)) > P_MIN) == lossless, p_values

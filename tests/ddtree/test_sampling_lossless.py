@@ -101,15 +101,18 @@ def plain(decode_tool: ModuleType, pair: tuple[Any, Any]) -> list[list[int]]:
 
 
 def tree_samples(tool: ModuleType, pair: tuple[Any, Any], method: str, n: int, walk_for: Any = None,
-                 seed: int = 1) -> tuple[list[list[int]], float]:
+                 seed: int = 1, sampler_for: Callable[[torch.Generator], Any] | None = None
+                 ) -> tuple[list[list[int]], float]:
     """``n`` seeded continuations by ``method`` (``ddtree@B`` or ``dflash``, the chain) and the mean
-    acceptance length."""
+    acceptance length; ``sampler_for(generator)`` picks the target's tokens (default: the
+    temperature alone)."""
     target, draft = pair
     chain = method == "dflash"
     budget = tool.BLOCK_SIZE - 1 if chain else int(method.split("@")[1])
     rows, accepts = [], []
     for i in range(n):
-        sampler = tool.Sampler(TEMPERATURE, torch.Generator().manual_seed(seed * 100_000 + i))
+        generator = torch.Generator().manual_seed(seed * 100_000 + i)
+        sampler = sampler_for(generator) if sampler_for else tool.Sampler(TEMPERATURE, generator)
         got = tool.ddtree_generate(target, draft, PROMPT, POSITIONS, budget, chain=chain, sampler=sampler,
                                    walk=walk_for(sampler) if walk_for else None)
         rows.append(got.tokens)
