@@ -111,6 +111,13 @@ declare -A CENV=([copy_stress_dflash_check]="$MEMCHECK" [copy_stress_ddtree64_ch
 for c in copy_dflash copy_ddtree64 hyb_copy_dflash hyb_copy_ddtree16 hyb_copy_ddtree64; do  # torch profiler only
   CASE[${c}_tprof]="${CASE[$c]}"
 done
+# Sampling cases samp_{plain,dflash,ddtree16,ddtree16_prev} on the random pair: sample_client.py draws
+# continuations at T 3 under top_k 3 with and without top_p 0.55, sample_compare.py tests each
+# case's per-position rank distribution against samp_plain's (chi-square; ranks from samp_plain).
+RP="--model-path $M/target --speculative-draft-model-path $M/dflash_draft"
+CASE[samp_plain]="--model-path $M/target"
+CASE[samp_dflash]="$RP --speculative-algorithm DFLASH"
+CASE[samp_ddtree16]="$RP $DD 16"; CASE[samp_ddtree16_prev]="$RP $DD 16"
 for b in 16 64; do  # the round's stage times (0.3.0-rc.4+): ddtree_profile lines, summarised after the client
   CASE[copy_ddtree${b}_prof]="${CASE[copy_ddtree$b]}"; CENV[copy_ddtree${b}_prof]="SGLANG_DDTREE_PROFILE=1 SGLANG_DDTREE_PROFILE_EVERY=32"
 done
@@ -146,7 +153,7 @@ if [ -n "${CLIENTS_AFTER:-}" ]; then
   w0=$(el); while [ ! -e "$CLIENTS_AFTER" ] && [ $(( $(el) - w0 )) -lt "${CLIENTS_WAIT:-600}" ]; do sleep 3; done
   echo "[$(el)s] clients start ($CLIENTS_AFTER $([ -e "$CLIENTS_AFTER" ] && echo exists || echo 'still missing'))"
 fi
-ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_stress_*) echo copy_stress_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
+ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_stress_*) echo copy_stress_plain;; samp_*) echo samp_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 stress_case() {  # stress_client.py against the plain stress run's plan and outputs (none: plans itself)
   local ref=copy_stress_plain refjson=
@@ -170,8 +177,9 @@ for c in "${CASES[@]}"; do
     tee -a "$O/compare.txt" < "$O/$c.tprof.txt"
     tar -czf "$OUT/tprof_$c.tar.gz" -C "$O" "tprof_$c" 2>/dev/null; rm -rf "${O:?}/tprof_$c"; pack
   elif [ "${READY[$c]:-}" = yes ]; then
-    client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; esac
-    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout 150 python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
+    client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; samp_*) client=tools/gpu/sample_client.py;; esac
+    ct=150; [[ $c = samp_* ]] && ct=290  # the DFLASH-rule cases' first sample compiles flashinfer's sampling (~104 s)
+    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout $ct python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
     case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
     case $c in *_prof) python3 tools/gpu/profile_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
   else
@@ -179,6 +187,9 @@ for c in "${CASES[@]}"; do
   fi
   ref=$(ref_of "$c"); touch "$O/done.$c"
   [ "$c" = "$ref" ] || [ ! -f "$O/$c.json" ] || [ ! -f "$O/$ref.json" ] && continue
+  if [[ $c = samp_* ]]; then
+    PYTHONPATH=/tmp/site timeout 120 python3 tools/gpu/sample_compare.py "$O/$ref.json" "$O/$c.json" "$c" ${PORT[$ref]} | tee -a "$O/compare.txt"; pack; continue
+  fi
   PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
   case $c in hyb_*) python3 tools/gpu/hybrid_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" | tee -a "$O/compare.txt";; esac; pack
 done

@@ -1,0 +1,51 @@
+"""tools/gpu/sample_compare.py's rank counting and chi-square test (the GPU sampling check's verdict)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parents[2] / "tools/gpu/sample_compare.py"
+
+
+def tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("sample_compare", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rank_of_names_outside_tokens_by_top() -> None:
+    t = tool()
+    assert t.rank_of(7, [7, 3, 9]) == 0
+    assert t.rank_of(9, [7, 3, 9]) == 2
+    assert t.rank_of(4, [7, 3, 9]) == t.TOP
+
+
+def test_rank_counts_are_per_position() -> None:
+    counts = tool().rank_counts([[0, 2], [1, 2], [0, 3]])
+    assert counts == [[2, 1, 0, 0], [0, 0, 2, 1]]
+
+
+def test_chi_square_p_value_matches_the_table() -> None:
+    # [[60, 40], [46, 54]]: statistic 200 (60*54 - 40*46)^2 / (106*94*100*100) = 3.934, p 0.0473 (dof 1).
+    stat, dof, p = tool().chi_square([60, 40], [46, 54])
+    assert dof == 1
+    assert abs(stat - 3.934) < 0.001
+    assert abs(p - 0.0473) < 0.0001
+
+
+def test_same_distribution_passes_and_a_dropped_rank_fails() -> None:
+    t = tool()
+    rng = random.Random(0)
+    draw = lambda weights: [rng.choices(range(4), weights)[0] for _ in range(1500)]  # noqa: E731
+    plain = draw([0.4, 0.33, 0.27, 0])
+    same = draw([0.4, 0.33, 0.27, 0])
+    two_kept = draw([0.55, 0.45, 0, 0])
+    counts = lambda xs: [xs.count(r) for r in range(4)]  # noqa: E731
+    assert t.chi_square(counts(plain), counts(same))[2] > t.ALPHA
+    stat, dof, p = t.chi_square(counts(plain), counts(two_kept))
+    assert dof == 2 and p < 1e-30
