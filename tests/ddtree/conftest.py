@@ -1,17 +1,24 @@
 """Fixtures for the DDTree core tests: the newest ddtree version's ddtree_utils.py (resolved through
-`inherits` and `edits`, loaded by the decode tool) and the CPU decode tool itself, imported by file path (no sglang install needed), and the logit
-families the tests share."""
+`inherits` and `edits`, loaded by the decode tool), the CPU decode tool itself, imported by file path
+(no sglang install needed), the logit families the tests share, and the distribution the release's
+torch sampler draws from (`plain_distribution`)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
+
+from ddtree_deploy.pristine import pristine_release
+from tests.overlay.plan_digests import BASE
 
 OVERLAYS = Path(__file__).resolve().parents[2] / "overlays"
 DECODE_TOOL = OVERLAYS / "ddtree/tools/ddtree_cpu_decode.py"
@@ -101,3 +108,36 @@ def make_logits() -> Callable[[str, tuple[int, ...], int], torch.Tensor]:
         return LOGIT_FAMILIES[family](torch.Generator().manual_seed(seed), shape)
 
     return make
+
+
+# --------------------------------------------------------------------------- plain decoding's sampler
+PLAIN = "top_k_top_p_min_p_sampling_from_probs_torch"
+
+
+class RecordingTorch(SimpleNamespace):
+    """torch, except that multinomial records the (unnormalised) probabilities it samples from."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    def multinomial(self, probs: torch.Tensor, num_samples: int) -> torch.Tensor:
+        self.sampled_from = probs.clone()
+        return torch.zeros(probs.shape[0], num_samples, dtype=torch.int64)
+
+
+@pytest.fixture(scope="session")
+def plain_distribution() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    source = (pristine_release(BASE) / "sglang/srt/layers/sampler.py").read_text()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == PLAIN)
+    recorder = RecordingTorch()
+    namespace: dict[str, Any] = {"torch": recorder, "Optional": typing.Optional, "multinomial_with_seed": None}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "sampler.py", "exec"), namespace)
+
+    def distribution(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+        """The distribution plain decoding samples each row of `probs` from."""
+        namespace[PLAIN](probs, top_ks, top_ps, torch.zeros(len(probs)), False, None, None)
+        order = probs.sort(dim=-1, descending=True)[1]  # the sampler's own sort of the same rows
+        kept = torch.zeros_like(probs).scatter(1, order, recorder.sampled_from)
+        return kept / kept.sum(-1, keepdim=True)
+
+    return distribution

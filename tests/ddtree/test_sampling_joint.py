@@ -10,10 +10,8 @@ both cuts bite: that is the control.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import math
-import typing
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -21,7 +19,6 @@ from typing import Any
 import pytest
 import torch
 
-from ddtree_deploy.pristine import pristine_release
 from tests.ddtree.test_sampling_lossless import (
     N_PLAIN,
     N_PLANTED,
@@ -35,40 +32,9 @@ from tests.ddtree.test_sampling_lossless import (
     tree_samples,
 )
 from tests.ddtree.test_sampling_rules import NODES, TOP_K_ALL, VOCAB, batch_info, sparse_probs, top_p_renorm
-from tests.overlay.plan_digests import BASE
 
 RC6 = "ddtree@0.3.0-rc.6"
 SAMPLING = "sglang/srt/speculative/ddtree_sampling.py"
-PLAIN = "top_k_top_p_min_p_sampling_from_probs_torch"
-
-
-class RecordingTorch(SimpleNamespace):
-    """torch, except that multinomial records the (unnormalised) probabilities it samples from."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(torch, name)
-
-    def multinomial(self, probs: torch.Tensor, num_samples: int) -> torch.Tensor:
-        self.sampled_from = probs.clone()
-        return torch.zeros(probs.shape[0], num_samples, dtype=torch.int64)
-
-
-@pytest.fixture(scope="module")
-def plain_distribution() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    source = (pristine_release(BASE) / "sglang/srt/layers/sampler.py").read_text()
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == PLAIN)
-    recorder = RecordingTorch()
-    namespace: dict[str, Any] = {"torch": recorder, "Optional": typing.Optional, "multinomial_with_seed": None}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), "sampler.py", "exec"), namespace)
-
-    def distribution(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-        """The distribution plain decoding samples each row of `probs` from."""
-        namespace[PLAIN](probs, top_ks, top_ps, torch.zeros(len(probs)), False, None, None)
-        order = probs.sort(dim=-1, descending=True)[1]  # the sampler's own sort of the same rows
-        kept = torch.zeros_like(probs).scatter(1, order, recorder.sampled_from)
-        return kept / kept.sum(-1, keepdim=True)
-
-    return distribution
 
 
 @pytest.fixture(scope="module")

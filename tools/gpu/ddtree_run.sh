@@ -111,13 +111,16 @@ declare -A CENV=([copy_stress_dflash_check]="$MEMCHECK" [copy_stress_ddtree64_ch
 for c in copy_dflash copy_ddtree64 hyb_copy_dflash hyb_copy_ddtree16 hyb_copy_ddtree64; do  # torch profiler only
   CASE[${c}_tprof]="${CASE[$c]}"
 done
-# Sampling cases samp_{plain,dflash,ddtree16,ddtree16_prev} on the random pair: sample_client.py draws
+# Sampling cases samp_{plain,dflash,ddtree16,ddtree16_prev} (--sampling-backend pytorch) on the random pair: sample_client.py draws
 # continuations at T 3 under top_k 3 with and without top_p 0.55, sample_compare.py tests each
 # case's per-position rank distribution against samp_plain's (chi-square; ranks from samp_plain).
 RP="--model-path $M/target --speculative-draft-model-path $M/dflash_draft"
 CASE[samp_plain]="--model-path $M/target"
 CASE[samp_dflash]="$RP --speculative-algorithm DFLASH"
 CASE[samp_ddtree16]="$RP $DD 16"; CASE[samp_ddtree16_prev]="$RP $DD 16"
+# samp_fi_{plain,dflash,ddtree16}: the same on --sampling-backend flashinfer (SGLang's default on CUDA),
+# compared with samp_fi_plain.
+for c in plain dflash ddtree16; do CASE[samp_fi_$c]="${CASE[samp_$c]}"; EXTRA[samp_fi_$c]="--sampling-backend flashinfer"; done
 for b in 16 64; do  # the round's stage times (0.3.0-rc.4+): ddtree_profile lines, summarised after the client
   CASE[copy_ddtree${b}_prof]="${CASE[copy_ddtree$b]}"; CENV[copy_ddtree${b}_prof]="SGLANG_DDTREE_PROFILE=1 SGLANG_DDTREE_PROFILE_EVERY=32"
 done
@@ -153,7 +156,7 @@ if [ -n "${CLIENTS_AFTER:-}" ]; then
   w0=$(el); while [ ! -e "$CLIENTS_AFTER" ] && [ $(( $(el) - w0 )) -lt "${CLIENTS_WAIT:-600}" ]; do sleep 3; done
   echo "[$(el)s] clients start ($CLIENTS_AFTER $([ -e "$CLIENTS_AFTER" ] && echo exists || echo 'still missing'))"
 fi
-ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_stress_*) echo copy_stress_plain;; samp_*) echo samp_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
+ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_stress_*) echo copy_stress_plain;; samp_fi_*) echo samp_fi_plain;; samp_*) echo samp_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 stress_case() {  # stress_client.py against the plain stress run's plan and outputs (none: plans itself)
   local ref=copy_stress_plain refjson=

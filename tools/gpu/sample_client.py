@@ -2,7 +2,7 @@
 """Draw many sampled continuations from one running SGLang server, for the lossless-in-distribution
 check of the top-k/top-p rule on the GPU (sample_compare.py reads the output).
 
-usage: sample_client.py PORT OUT_JSON [N_PER_SETTING=1200]
+usage: sample_client.py PORT OUT_JSON [N_PER_SETTING=1000]
 
 Two settings on the random target (a random draft, so every token after the first is drawn by the
 speculative verify). Its next-token distribution is peaked, so the temperature is 3, where the top
@@ -42,7 +42,7 @@ def draw(url: str, sampling: dict, n: int) -> list[dict]:
 
 def main() -> None:
     port, path = int(sys.argv[1]), sys.argv[2]
-    n = int(sys.argv[3]) if len(sys.argv) > 3 else 1200
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 1000
     url = f"http://127.0.0.1:{port}"
     res = {"settings": SETTINGS, "samples": {name: draw(url, sp, n) for name, sp in SETTINGS.items()}}
     json.dump(res, open(path, "w"))
