@@ -49,3 +49,9 @@ def test_same_distribution_passes_and_a_dropped_rank_fails() -> None:
     assert t.chi_square(counts(plain), counts(same))[2] > t.ALPHA
     stat, dof, p = t.chi_square(counts(plain), counts(two_kept))
     assert dof == 2 and p < 1e-30
+
+
+def test_by_prompt_splits_one_position_per_prompt() -> None:
+    samples = [{"prompt": [1]}, {"prompt": [2]}, {"prompt": [1]}]
+    counts = tool().by_prompt(samples, [[0, 2], [1, 1], [0, 0]], 1)
+    assert counts == {"[1]": [1, 0, 1, 0], "[2]": [0, 1, 0, 0]}

@@ -78,17 +78,33 @@ def ranks_from_server(port: int, samples: list[dict]) -> list[list[int]]:
     return out
 
 
+def by_prompt(samples: list[dict], ranks: list[list[int]], pos: int) -> dict[str, list[int]]:
+    """Rank counts at one position, per prompt: a rule that parts from plain's only where one
+    context's cumulative probability sits at top_p (a near-tie at the cut) shows in one prompt."""
+    out: dict[str, list[int]] = {}
+    for sample, r in zip(samples, ranks, strict=True):
+        counts = out.setdefault(str(sample["prompt"]), [0] * (TOP + 1))
+        counts[r[pos]] += 1
+    return out
+
+
 def main() -> None:
     ref, case = (json.load(open(f)) for f in sys.argv[1:3])
     label, port = sys.argv[3], int(sys.argv[4])
     for setting in ref["samples"]:
-        a = rank_counts(ranks_from_server(port, ref["samples"][setting]))
-        b = rank_counts(ranks_from_server(port, case["samples"][setting]))
+        ref_ranks = ranks_from_server(port, ref["samples"][setting])
+        case_ranks = ranks_from_server(port, case["samples"][setting])
+        a, b = rank_counts(ref_ranks), rank_counts(case_ranks)
         worst = 1.0
         for pos, (ca, cb) in enumerate(zip(a, b, strict=True)):
             stat, dof, p = chi_square(ca, cb)
             worst = min(worst, p)
             print(f"  {setting:9s} position {pos + 1}: plain ranks {ca}  case ranks {cb}  chi2 {stat:.2f} dof {dof} p {p:.3g}")
+            if p < ALPHA:
+                plain_by, case_by = by_prompt(ref["samples"][setting], ref_ranks, pos), by_prompt(
+                    case["samples"][setting], case_ranks, pos)
+                for prompt, counts in plain_by.items():
+                    print(f"    prompt {prompt}: plain {counts}  case {case_by.get(prompt)}")
         verdict = "YES" if worst >= ALPHA else "NO"
         print(f"SAMPLE_MATCH[{label} {setting}] min p {worst:.3g} over {len(a)} positions -> {verdict}")
 
