@@ -5,7 +5,6 @@ No acceptance number is asserted: 20 steps train nothing; the GPU run measures t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,19 +15,15 @@ import pytest
 import torch
 
 from ddtree_deploy.benchmark.sweep import DEFAULT_PROMPTS, BenchArgs
+from tests.gpu_tools import GPU_TOOLS, load_gpu_tool
 
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
-SCRIPT = Path(__file__).resolve().parents[2] / "tools" / "gpu" / "train_tiny_pair.py"
+SCRIPT = GPU_TOOLS / "train_tiny_pair.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_tiny_pair", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_tool("train_tiny_pair")
 
 
 @pytest.fixture(scope="module")

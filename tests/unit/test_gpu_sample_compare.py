@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-from pathlib import Path
 from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools/gpu/sample_compare.py"
+from tests.gpu_tools import load_gpu_tool
 
 
 def tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sample_compare", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_tool("sample_compare")
 
 
 def test_rank_of_names_outside_tokens_by_top() -> None:

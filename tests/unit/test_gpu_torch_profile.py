@@ -4,21 +4,16 @@ kernel lines of a CUDA trace are the same events with `cat: kernel`)."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "tools/gpu/torch_profile.py"
+from tests.gpu_tools import load_gpu_tool
 
 
 def tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("torch_profile", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_tool("torch_profile")
 
 
 def traced(tmp_path: Path) -> Path:
