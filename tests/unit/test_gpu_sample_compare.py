@@ -49,3 +49,19 @@ def test_by_prompt_splits_one_position_per_prompt() -> None:
     samples = [{"prompt": [1]}, {"prompt": [2]}, {"prompt": [1]}]
     counts = tool().by_prompt(samples, [[0, 2], [1, 1], [0, 0]], 1)
     assert counts == {"[1]": [1, 0, 1, 0], "[2]": [0, 1, 0, 0]}
+
+
+def contexts() -> ModuleType:
+    return load_gpu_tool("sample_contexts")
+
+
+def test_masses_above_are_the_cumulative_sums_before_each_rank() -> None:
+    assert contexts().masses_above([0.5, 0.25, 0.125]) == [0.0, 0.5, 0.75]
+
+
+def test_the_most_common_context_and_the_draws_after_it() -> None:
+    samples = [{"prompt": [1], "output_ids": [7, 8, 9]}, {"prompt": [1], "output_ids": [7, 8, 4]},
+               {"prompt": [1], "output_ids": [6, 8, 9]}, {"prompt": [2], "output_ids": [3, 3, 3]}]
+    tool = contexts()
+    assert tool.most_common_contexts(samples, 3) == {"[1]": (7, 8), "[2]": (3, 3)}
+    assert tool.draws_at(samples, "[1]", (7, 8), [9, 5]) == [1, 0, 1]
