@@ -65,3 +65,9 @@ def test_the_most_common_context_and_the_draws_after_it() -> None:
     tool = contexts()
     assert tool.most_common_contexts(samples, 3) == {"[1]": (7, 8), "[2]": (3, 3)}
     assert tool.draws_at(samples, "[1]", (7, 8), [9, 5]) == [1, 0, 1]
+
+
+def test_rare_cells_are_pooled_before_the_test() -> None:
+    t = tool()
+    assert t.pooled([500, 0, 2, 0], [497, 0, 1, 3]) == [(500, 497), (2, 4)]
+    assert t.chi_square([500, 0, 2, 0], [497, 0, 1, 3])[1] == 1  # two cells left: one degree of freedom

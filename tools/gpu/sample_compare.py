@@ -19,7 +19,7 @@ import urllib.request
 
 import torch
 
-TOP, ALPHA, BATCH = 3, 0.001, 100
+TOP, ALPHA, BATCH, RARE = 3, 0.001, 100, 10
 
 
 def rank_of(token: int, top_ids: list[int]) -> int:
@@ -37,10 +37,20 @@ def rank_counts(ranks_per_sample: list[list[int]]) -> list[list[int]]:
     return counts
 
 
+def pooled(a: list[int], b: list[int]) -> list[tuple[int, int]]:
+    """The cells of two count vectors, those with fewer than RARE draws in both samples together
+    pooled into one (the chi-square approximation needs expected counts of about 5 or more);
+    cells empty in both are dropped."""
+    cells = [(x, y) for x, y in zip(a, b, strict=True) if x + y >= RARE]
+    rare = [(x, y) for x, y in zip(a, b, strict=True) if 0 < x + y < RARE]
+    if rare:
+        cells.append((sum(x for x, _ in rare), sum(y for _, y in rare)))
+    return cells
+
+
 def chi_square(a: list[int], b: list[int]) -> tuple[float, int, float]:
-    """Two-sample chi-square homogeneity test on count vectors: (statistic, dof, p-value).
-    Cells empty in both samples carry no degree of freedom."""
-    cells = [(x, y) for x, y in zip(a, b, strict=True) if x + y > 0]
+    """Two-sample chi-square homogeneity test on count vectors: (statistic, dof, p-value)."""
+    cells = pooled(a, b)
     na, nb = sum(a), sum(b)
     stat = 0.0
     for x, y in cells:
