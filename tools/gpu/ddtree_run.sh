@@ -12,8 +12,10 @@
 # copy_plain_fa3 copy_ddtree64_fa3); such a case is compared with the plain case of the same backend.
 # A case suffixed _auto passes no --attention-backend (the server's own choice) and is compared with
 # the triton plain case. refuse_fa3 is a DDTREE server asked for fa3 (0.2.2 must refuse it).
-# Hybrid (GatedDeltaNet) cases hyb_allexp_* and hyb_copy_* run on make_hybrid.py's targets with
-# --max-running-requests 8, are compared with hyb_allexp_plain / hyb_copy_plain, and are driven by
+# Hybrid (GatedDeltaNet) cases hyb_allexp_*, hyb_copy_* and hyb_induct_* run on make_hybrid.py's targets
+# (hyb_induct: make_induction_hybrid.py's, whose next token depends on the recurrent state; its
+# client sends hybrid_client.py's INDUCT prompts only) with
+# --max-running-requests 8, are compared with their pair's plain case, and are driven by
 # hybrid_client.py; a case whose name ends in _dbg runs eager with --speculative-ddtree-debug and
 # gets its ddtree_debug lines summarised (hybrid_debug_summary.py); *_fault cases run on
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
@@ -62,6 +64,7 @@ from transformers import Qwen3NextConfig; import shutil
 Qwen3NextConfig(num_hidden_layers=4, hidden_size=256, vocab_size=1024, architectures=['Qwen3NextForCausalLM']).save_pretrained('/tmp/models/hybrid')
 [shutil.copy('/tmp/models/target/'+f, '/tmp/models/hybrid/') for f in ('tokenizer.json','tokenizer_config.json')]"
 [[ " ${CASES[*]} " != *\ hyb_* ]] || [ -d /tmp/models/hyb_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_hybrid.py" /tmp/models 2>&1 | grep -v shards
+[[ " ${CASES[*]} " != *\ hyb_induct_* ]] || [ -d /tmp/models/hyb_induct ] || PYTHONPATH=/tmp/site python3 tools/gpu/make_induction_hybrid.py /tmp/models 2>&1 | grep -v shards
 echo "[$(el)s] models ready"
 
 M=/tmp/models; DD="--speculative-algorithm DDTREE --speculative-ddtree-budget"
@@ -83,8 +86,8 @@ declare -A CASE=(
   [refuse_budget]="--model-path $M/target_copy $DD 3 --speculative-draft-model-path $M/dflash_copy"
 )
 HYB="--max-running-requests 8"; DBG="--speculative-ddtree-debug --disable-cuda-graph"
-for t in allexp copy; do
-  d=$M/dflash_draft; [ $t = copy ] && d=$M/dflash_copy
+for t in allexp copy induct; do
+  d=$M/dflash_draft; [ $t != allexp ] && d=$M/dflash_copy
   CASE[hyb_${t}_plain]="--model-path $M/hyb_$t $HYB"
   CASE[hyb_${t}_dflash]="--model-path $M/hyb_$t $HYB --speculative-algorithm DFLASH --speculative-draft-model-path $d"
   for b in 16 64; do CASE[hyb_${t}_ddtree$b]="--model-path $M/hyb_$t $HYB $DD $b --speculative-draft-model-path $d"; done
@@ -156,7 +159,7 @@ if [ -n "${CLIENTS_AFTER:-}" ]; then
   w0=$(el); while [ ! -e "$CLIENTS_AFTER" ] && [ $(( $(el) - w0 )) -lt "${CLIENTS_WAIT:-600}" ]; do sleep 3; done
   echo "[$(el)s] clients start ($CLIENTS_AFTER $([ -e "$CLIENTS_AFTER" ] && echo exists || echo 'still missing'))"
 fi
-ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; copy_stress_*) echo copy_stress_plain;; samp_fi_*) echo samp_fi_plain;; samp_*) echo samp_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
+ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; hyb_induct_*) echo hyb_induct_plain;; copy_stress_*) echo copy_stress_plain;; samp_fi_*) echo samp_fi_plain;; samp_*) echo samp_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 stress_case() {  # stress_client.py against the plain stress run's plan and outputs (none: plans itself)
   local ref=copy_stress_plain refjson=
@@ -182,7 +185,7 @@ for c in "${CASES[@]}"; do
   elif [ "${READY[$c]:-}" = yes ]; then
     client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; samp_*) client=tools/gpu/sample_client.py;; esac
     ct=150; [[ $c = samp_* ]] && ct=290  # the DFLASH-rule cases' first sample compiles flashinfer's sampling (~104 s)
-    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout $ct python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
+    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout $ct python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in hyb_induct_*) echo induct;; *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
     case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
     case $c in *_prof) python3 tools/gpu/profile_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
   else

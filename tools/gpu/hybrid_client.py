@@ -5,8 +5,9 @@ grammar rounds take DDTREE's DFlash chain fallback through the same hybrid backe
 sampled request with a short timeout, timed (a T = 0.8 request on a hybrid DFLASH server
 with CUDA graphs was seen waiting 85-110 s before its prefill).
 
-usage: hybrid_client.py PORT OUT_JSON [greedy]
-With `greedy`, only the greedy prompts (for slow eager debug servers).
+usage: hybrid_client.py PORT OUT_JSON [greedy | induct]
+With `greedy`, only the greedy prompts (for slow eager debug servers). With `induct`, only greedy
+prompts of INDUCT (for make_induction_hybrid.py's target, whose other tokens all tie).
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ import ddtree_client as base  # noqa: E402
 GRAMMAR_PROMPTS = base.ALT[:2] + base.REP[:1]
 # Any run of the tokenizer's lowercase words: the grammar masks most of the vocabulary.
 REGEX = r"( ?[a-z]+){4,24}"
+# hyb_induct: tokens 4..63 with repeats, so every step reads layer 0's recurrent state; the second
+# and third end on the same token after different histories.
+INDUCT = [[5, 6, 7, 8, 5], [6, 7, 5, 6], [6, 8, 5, 6], [20, 21, 22, 20, 23, 24, 20],
+          [10, 11, 12, 13, 14, 15, 10], [30, 31, 32, 33], [40, 41, 42, 43, 44, 45, 46, 47, 40], [50, 51, 50, 52, 50]]
 
 
 def main() -> None:
@@ -31,14 +36,16 @@ def main() -> None:
     greedy = {"temperature": 0.0, "max_new_tokens": 64, "ignore_eos": True}
     res: dict = {"server_info": requests.get(url + "/server_info", timeout=30).json()}
     base.post(url, base.payload(base.IDS[0]), greedy)  # warm-up
-    prompts = base.TEXTS + base.IDS + base.ALT + base.REP
+    induct = sys.argv[3:] == ["induct"]
+    prompts = INDUCT if induct else base.TEXTS + base.IDS + base.ALT + base.REP
     res["single"] = [base.rec(p, *base.post(url, base.payload(p), greedy)) for p in prompts]
     res["batch4"] = []
-    for group in (base.TEXTS, base.IDS[:4], base.ALT + base.REP[:1], base.REP):
+    groups = (INDUCT[:4], INDUCT[4:]) if induct else (base.TEXTS, base.IDS[:4], base.ALT + base.REP[:1], base.REP)
+    for group in groups:
         key = "text" if isinstance(group[0], str) else "input_ids"
         xs, _ = base.post(url, {key: group}, greedy)
         res["batch4"] += [base.rec(p, x) for p, x in zip(group, xs, strict=True)]
-    if sys.argv[3:] == ["greedy"]:
+    if sys.argv[3:] in (["greedy"], ["induct"]):
         json.dump(res, open(out, "w"), indent=1)
         return
     res.update(speed_and_extras(url, greedy))
