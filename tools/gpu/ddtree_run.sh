@@ -185,7 +185,7 @@ for c in "${CASES[@]}"; do
   elif [ "${READY[$c]:-}" = yes ]; then
     client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; samp_*) client=tools/gpu/sample_client.py;; esac
     ct=150; [[ $c = samp_* ]] && ct=290  # the DFLASH-rule cases' first sample compiles flashinfer's sampling (~104 s)
-    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout $ct python3 $client ${PORT[$c]} "$O/$c.json" ${HYB_CLIENT_MODE:-$(case $c in hyb_induct_*) echo induct;; *_dbg*) echo greedy;; esac)} || echo "[$(el)s] $c: client FAILED"; pack
+    echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout $ct python3 $client ${PORT[$c]} "$O/$c.json" $(case $c in hyb_induct_*) echo induct;; *_dbg*) echo "${HYB_CLIENT_MODE:-greedy}";; *) echo "${HYB_CLIENT_MODE:-}";; esac) || echo "[$(el)s] $c: client FAILED"; pack
     case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
     case $c in *_prof) python3 tools/gpu/profile_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
   else

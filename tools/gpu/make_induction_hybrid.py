@@ -8,9 +8,12 @@ Needs make_hybrid.py's OUT_DIR/hyb_copy (its tokenizer and config: hidden 256, v
 layers and one attention layer, 64-wide heads, 2 key heads, 4 value heads). Writes OUT_DIR/hyb_induct.
 
 On tokens 4..63 (TOKENS) the model predicts the token that followed the latest earlier occurrence of
-the current token, with a margin of about 15 nats; a token never seen before is repeated (margin
-about 5). So "a b c d a" continues "b c d a b ...", and the same last token after another history
-continues otherwise: the answer lives in layer 0's recurrent state, never in the current token.
+the current token. The margin is about 15 nats, or 7 where a key was stored twice (beta 0.5 keeps
+the older value at half the newer one's weight). A token never seen before is repeated, with a
+margin of about 5.7. So "a b c d a" continues "b c d a b ...", and the same last token after another
+history continues otherwise: the answer lives in layer 0's recurrent state, never in the current
+token. The key reads only the conv's tap K-2, so a fault in the older taps of a conv window would
+not show here.
 
 How layer 0 does it (every other layer, and layer 0's experts, add nothing: their output
 projections are zero). Embeddings are one-hot on dims 0..63, plus a constant on dim 64.
