@@ -21,7 +21,7 @@
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
 # deduplicated conv-window layout left on). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
 # default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
-# A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev) runs on /tmp/site_prev, overlay ddtree
+# A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev, hyb_*_ddtree{16,64}_prev) runs on /tmp/site_prev, overlay ddtree
 # $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
 # A case suffixed _tprof (copy_dflash, copy_ddtree64, hyb_copy_dflash, hyb_copy_ddtree16, hyb_copy_ddtree64)
 # gets no client: torch_profile.py profiles 40 of its scheduler's steps on repeating prompts at batch 1
@@ -90,7 +90,10 @@ for t in allexp copy induct; do
   d=$M/dflash_draft; [ $t != allexp ] && d=$M/dflash_copy
   CASE[hyb_${t}_plain]="--model-path $M/hyb_$t $HYB"
   CASE[hyb_${t}_dflash]="--model-path $M/hyb_$t $HYB --speculative-algorithm DFLASH --speculative-draft-model-path $d"
-  for b in 16 64; do CASE[hyb_${t}_ddtree$b]="--model-path $M/hyb_$t $HYB $DD $b --speculative-draft-model-path $d"; done
+  for b in 16 64; do
+    CASE[hyb_${t}_ddtree$b]="--model-path $M/hyb_$t $HYB $DD $b --speculative-draft-model-path $d"
+    CASE[hyb_${t}_ddtree${b}_prev]="${CASE[hyb_${t}_ddtree$b]}"
+  done
   CASE[hyb_${t}_ddtree64_dbg]="--model-path $M/hyb_$t $HYB $DD 64 --speculative-draft-model-path $d $DBG"
   CASE[hyb_${t}_ddtree64_dbg_fault]="${CASE[hyb_${t}_ddtree64_dbg]}"
 done
@@ -198,6 +201,15 @@ for c in "${CASES[@]}"; do
   fi
   PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
   case $c in hyb_*) python3 tools/gpu/hybrid_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" | tee -a "$O/compare.txt";; esac; pack
+done
+# SPEED_CASES="a b c; d e": interleaved speed medians (speed_interleave.py, SPEED_REPEATS each,
+# default 5) per ';'-separated group of ready servers, the group's first case the baseline.
+g=0; IFS=';' read -ra SPEED_GROUPS <<< "${SPEED_CASES:-}"
+for group in "${SPEED_GROUPS[@]}"; do
+  args=(); for c in $group; do [ "${READY[$c]:-}" = yes ] && args+=("$c=${PORT[$c]}"); done
+  [ ${#args[@]} -ge 2 ] || continue; g=$((g + 1))
+  echo "[$(el)s] interleaved speed: ${args[*]}"
+  PYTHONPATH=/tmp/site timeout "${SPEED_TIMEOUT:-240}" python3 tools/gpu/speed_interleave.py "$O/speed$g.json" "${SPEED_REPEATS:-5}" "${args[@]}" 2>&1 | tee -a "$O/compare.txt"; pack
 done
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done

@@ -1,0 +1,64 @@
+"""tools/gpu/speed_interleave.py: the order it times servers in, and the medians and ratios it reports.
+
+The servers are stand-ins (this test only): ``ddtree_client.post`` is replaced by a function that
+answers from a script of seconds per server and records which server each call went to; so no HTTP
+client is needed, and an empty ``requests`` module stands in for the one ddtree_client imports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.gpu_tools import load_gpu_tool
+
+
+class Servers:
+    """Each server decodes at a fixed speed, times a slowdown that is the same for every server
+    within one repetition (a slow stretch of the machine)."""
+
+    def __init__(self, tok_per_s: dict[str, float], slowdown: list[float]) -> None:
+        self.tok_per_s, self.slowdown = tok_per_s, slowdown
+        self.calls: list[str] = []
+        self.timed: dict[str, int] = {}
+
+    def post(self, url: str, payload: dict[str, Any], sp: dict[str, Any]) -> tuple[object, float]:
+        port = url.rsplit(":", 1)[1]
+        self.calls.append(port)
+        prompts = payload["input_ids"]
+        batch = isinstance(prompts[0], list)
+        n = len(prompts) if batch else 1
+        count = self.timed.get(port, 0)
+        rep = (count - 1) // 8 if count else -1  # 8 calls a timing, after one warm-up call
+        secs = n * sp["max_new_tokens"] / self.tok_per_s[port] * (self.slowdown[rep] if rep >= 0 else 1.0)
+        self.timed[port] = self.timed.get(port, 0) + 1
+        meta = {"completion_tokens": sp["max_new_tokens"], "spec_accept_length": 2.0}
+        answer = [{"meta_info": meta}] * n if batch else {"meta_info": meta}
+        return answer, secs
+
+
+def test_medians_of_per_repetition_ratios_cancel_a_slow_stretch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "requests", sys.modules.get("requests") or ModuleType("requests"))
+    tool = load_gpu_tool("speed_interleave")
+    servers = Servers({"1": 1000.0, "2": 1500.0, "3": 800.0}, slowdown=[1.0, 3.0, 1.0, 1.0, 2.0])
+    monkeypatch.setattr(tool.base, "post", servers.post)
+    out = tmp_path / "speed.json"
+    monkeypatch.setattr(sys, "argv", ["speed_interleave.py", str(out), "5", "dflash=1", "tree=2", "prev=3"])
+    tool.main()
+    result = json.loads(out.read_text())
+    median = result["median"]
+    assert result["baseline"] == "dflash"
+    # A repetition's slowdown hits every server alike: every ratio is the servers' true ratio.
+    assert median["tree"]["repeating_b1_vs_dflash"] == pytest.approx(1.5)
+    assert median["tree"]["alternating_b4_vs_dflash"] == pytest.approx(1.5)
+    assert median["prev"]["repeating_b4_vs_dflash_range"] == pytest.approx([0.8, 0.8])
+    assert median["dflash"]["repeating_b1"] == pytest.approx(1000.0)  # median over 1x, 3x, 1x, 1x, 2x
+    # The order rotates by one server each repetition (after the warm-up of each).
+    timed = servers.calls[3:]
+    firsts = [timed[i * 24] for i in range(5)]
+    assert firsts == ["1", "2", "3", "1", "2"]

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Decode speed of several running servers, interleaved, for medians: each repetition times every
+server once, in an order rotated by one server per repetition, so a slow stretch of the machine
+falls on all of them. Per server and prompt class (ddtree_client.py's alternating and repeating
+prompts, 240 new tokens): tokens/s at batch 1 (the class's three prompts, one after another) and at
+batch 4 (one call), and the acceptance length. Then the median over the repetitions, and each
+server's median ratio to the baseline server (the first CASE=PORT given, e.g. DFLASH), computed
+per repetition before the median is taken.
+
+usage: speed_interleave.py OUT_JSON REPEATS CASE=PORT [CASE=PORT ...]
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ddtree_client as base  # noqa: E402
+
+SPEED = {"temperature": 0.0, "max_new_tokens": 240, "ignore_eos": True}
+CLASSES = {"alternating": base.ALT, "repeating": base.REP}
+
+
+def time_server(url: str) -> dict[str, float]:
+    """One timing of every class and batch size on one server."""
+    out: dict[str, float] = {}
+    for name, group in CLASSES.items():
+        runs = [base.post(url, base.payload(p), SPEED) for p in group]
+        tokens = sum(x["meta_info"]["completion_tokens"] for x, _ in runs)
+        out[f"{name}_b1"] = tokens / sum(secs for _, secs in runs)
+        out[f"{name}_b1_accept"] = statistics.mean(x["meta_info"].get("spec_accept_length") or 1.0 for x, _ in runs)
+        xs, secs = base.post(url, {"input_ids": group + group[:1]}, SPEED)
+        out[f"{name}_b4"] = sum(x["meta_info"]["completion_tokens"] for x in xs) / secs
+    return out
+
+
+def main() -> None:
+    out, repeats = sys.argv[1], int(sys.argv[2])
+    servers = dict(arg.split("=", 1) for arg in sys.argv[3:])
+    names = list(servers)
+    for name in names:  # warm-up: first requests compile and fill caches
+        base.post(f"http://127.0.0.1:{servers[name]}", base.payload(base.REP[0]), SPEED)
+    timings: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            timings[name].append(time_server(f"http://127.0.0.1:{servers[name]}"))
+    baseline = names[0]
+    keys = [k for k in timings[baseline][0] if not k.endswith("_accept")]
+    summary: dict[str, dict[str, float]] = {}
+    for name in names:
+        row = {k: statistics.median(t[k] for t in timings[name]) for k in timings[name][0]}
+        for k in keys:
+            ratios = [t[k] / b[k] for t, b in zip(timings[name], timings[baseline], strict=True)]
+            row[f"{k}_vs_{baseline}"] = statistics.median(ratios)
+            row[f"{k}_vs_{baseline}_range"] = [min(ratios), max(ratios)]  # type: ignore[assignment]
+        summary[name] = row
+    json.dump({"repeats": repeats, "baseline": baseline, "timings": timings, "median": summary}, open(out, "w"), indent=1)
+    print(f"SPEED interleaved, {repeats} repetitions, median tok/s (ratio to {baseline}: median [min, max])")
+    for name in names:
+        row = summary[name]
+        cells = [f"{k} {row[k]:.0f} ({row[f'{k}_vs_{baseline}']:.2f}x [{row[f'{k}_vs_{baseline}_range'][0]:.2f}, "
+                 f"{row[f'{k}_vs_{baseline}_range'][1]:.2f}])" for k in keys]
+        accept = ", ".join(f"{k[:-7]} accept {row[k]:.2f}" for k in row if k.endswith("_accept"))
+        print(f"  {name}: " + "; ".join(cells) + f"; {accept}")
+
+
+if __name__ == "__main__":
+    main()
