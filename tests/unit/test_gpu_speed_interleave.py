@@ -62,3 +62,17 @@ def test_medians_of_per_repetition_ratios_cancel_a_slow_stretch(tmp_path: Path, 
     timed = servers.calls[3:]
     firsts = [timed[i * 24] for i in range(5)]
     assert firsts == ["1", "2", "3", "1", "2"]
+
+
+def test_ratios_between_two_cases_of_a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tool = load_gpu_tool("speed_interleave")
+    timings = {"new": [{"repeating_b1": 3.0, "repeating_b1_accept": 8.0}, {"repeating_b1": 1.0, "repeating_b1_accept": 8.0},
+                       {"repeating_b1": 5.0, "repeating_b1_accept": 8.0}],
+               "old": [{"repeating_b1": 2.0, "repeating_b1_accept": 8.0}, {"repeating_b1": 1.0, "repeating_b1_accept": 8.0},
+                       {"repeating_b1": 2.0, "repeating_b1_accept": 8.0}]}
+    assert tool.ratios(timings, "new", "old") == {"repeating_b1": [1.5, 1.0, 2.5]}
+    speed = tmp_path / "speed.json"
+    speed.write_text(json.dumps({"timings": timings}))
+    monkeypatch.setattr(sys, "argv", ["speed_interleave.py", "ratios", str(speed), "new", "old"])
+    tool.main()
+    assert "new / old repeating_b1: 1.50x [1.00, 2.50]" in capsys.readouterr().out

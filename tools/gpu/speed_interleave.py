@@ -8,6 +8,7 @@ server's median ratio to the baseline server (the first CASE=PORT given, e.g. DF
 per repetition before the median is taken.
 
 usage: speed_interleave.py OUT_JSON REPEATS CASE=PORT [CASE=PORT ...]
+       speed_interleave.py ratios SPEED_JSON CASE OTHER   (CASE / OTHER per repetition, from a run's file)
 """
 from __future__ import annotations
 
@@ -36,7 +37,21 @@ def time_server(url: str) -> dict[str, float]:
     return out
 
 
+def ratios(timings: dict[str, list[dict[str, float]]], case: str, other: str) -> dict[str, list[float]]:
+    """Per tok/s key: the median, min and max over the repetitions of case / other."""
+    out = {}
+    for k in (k for k in timings[other][0] if not k.endswith("_accept")):
+        r = [t[k] / o[k] for t, o in zip(timings[case], timings[other], strict=True)]
+        out[k] = [statistics.median(r), min(r), max(r)]
+    return out
+
+
 def main() -> None:
+    if sys.argv[1] == "ratios":
+        case, other = sys.argv[3], sys.argv[4]
+        for k, (mid, low, high) in ratios(json.load(open(sys.argv[2]))["timings"], case, other).items():
+            print(f"  {case} / {other} {k}: {mid:.2f}x [{low:.2f}, {high:.2f}]")
+        return
     out, repeats = sys.argv[1], int(sys.argv[2])
     servers = dict(arg.split("=", 1) for arg in sys.argv[3:])
     names = list(servers)
@@ -51,10 +66,9 @@ def main() -> None:
     summary: dict[str, dict[str, float]] = {}
     for name in names:
         row = {k: statistics.median(t[k] for t in timings[name]) for k in timings[name][0]}
-        for k in keys:
-            ratios = [t[k] / b[k] for t, b in zip(timings[name], timings[baseline], strict=True)]
-            row[f"{k}_vs_{baseline}"] = statistics.median(ratios)
-            row[f"{k}_vs_{baseline}_range"] = [min(ratios), max(ratios)]  # type: ignore[assignment]
+        for k, (mid, low, high) in ratios(timings, name, baseline).items():
+            row[f"{k}_vs_{baseline}"] = mid
+            row[f"{k}_vs_{baseline}_range"] = [low, high]  # type: ignore[assignment]
         summary[name] = row
     json.dump({"repeats": repeats, "baseline": baseline, "timings": timings, "median": summary}, open(out, "w"), indent=1)
     print(f"SPEED interleaved, {repeats} repetitions, median tok/s (ratio to {baseline}: median [min, max])")
