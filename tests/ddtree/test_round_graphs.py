@@ -157,7 +157,7 @@ def eager_round(rc7: SimpleNamespace, x: dict[str, torch.Tensor], seed: int, tra
                                        x["req_to_token"], with_links=True)
     picks = walk_picks(r.tree, torch.Generator().manual_seed(seed))
     c = rc7.round.ddtree_commit_round(r, picks, x["prefix"], lambda dst, src: moves.append((dst, src)),
-                                      state_nodes=True, track_interval=track_interval)
+                                      hybrid=True, track_interval=track_interval)
     return r, c, [picks, moves]
 
 
@@ -201,12 +201,12 @@ class EagerGraph:
 
 
 def captured_graphs(rc7: SimpleNamespace, req_to_token: torch.Tensor, head_in_graph: bool,
-                    moves: list, sizes: list[int]) -> Any:
+                    moves: list, sizes: list[int], verify_mask: torch.Tensor | None = None) -> Any:
     graphs = rc7.round.DDTreeRoundGraphs(
         budget=BUDGET, depth=BLOCK - 1, hidden_size=HIDDEN, vocab_size=VOCAB, dtype=torch.float32,
         device=torch.device("cpu"), req_to_token=req_to_token, with_links=True,
         move_kv=lambda dst, src: moves.append((dst.clone(), src.clone())), draft_head=head(WEIGHT),
-        head_in_graph=head_in_graph, verify_mask=None, track_interval=4)
+        head_in_graph=head_in_graph, verify_mask=verify_mask, track_interval=4)
     for size in sizes:  # DDTreeRoundGraphs.capture, with the stand-in graph
         x = graphs._inputs(size)
         round_tensors = graphs._prepare(x)
@@ -248,7 +248,7 @@ def test_a_padded_replay_gives_the_eager_round(rc7: SimpleNamespace, head_in_gra
     graphs.commit(r2, walk_picks(r2.tree, torch.Generator().manual_seed(5)), other["prefix"])
     for before, now in zip(kept, (plan.commit_lens, plan.bonus, plan.out_tokens, plan.new_seq_lens), strict=True):
         assert torch.equal(before, now)
-    assert r2.ids.data_ptr() == r.ids.data_ptr(), "the row views are reused, not rebuilt"
+    assert r2 is r, "the row views are made once per size, not every round"
 
 
 def test_a_batch_past_the_captured_sizes_runs_eagerly(rc7: SimpleNamespace) -> None:
@@ -270,3 +270,37 @@ def test_the_vocabulary_shard_rule(rc7: SimpleNamespace) -> None:
     assert lora is not None and "3 added (LoRA) tokens per shard" in lora and "Pass --tp-size 1" in lora
     plain = rc7.tp.ddtree_vocab_shards_refusal(tp_size=4, lm_head=torch.nn.Linear(2, 2))
     assert plain is not None and "--tp-size 4" in plain and "got Linear" in plain
+
+
+def torch_mask_fill(utils: ModuleType) -> Callable[..., None]:
+    """A torch stand-in (this test only) for the Triton mask kernel, same layout, clipped at the
+    buffer's end as the kernel is (test_verify_mask_kernel.py runs the kernel itself)."""
+
+    def fill(*, mask_out: torch.Tensor, visibility: torch.Tensor, prefix_lens: torch.Tensor) -> None:
+        n = visibility.shape[1]
+        rows = []
+        for b, prefix in enumerate(prefix_lens.tolist()):
+            prefix_part = torch.ones((n, prefix), dtype=torch.bool)
+            rows.append(torch.cat([prefix_part, visibility[b]], dim=1).reshape(-1))
+        cells = torch.cat(rows)[: mask_out.numel()]
+        mask_out[: cells.numel()] = cells
+
+    return fill
+
+
+def test_the_prepare_graph_writes_the_backends_mask_buffer(rc7: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The buffer is handed back whole (not cut to the batch's rows), and its first cells are the
+    live rows' mask, as the eager fill writes it; the padded rows' cells come after them."""
+    fill = torch_mask_fill(rc7.utils)
+    monkeypatch.setattr(rc7.round, "fill_ddtree_verify_mask", fill)
+    x = round_inputs(rc7, 2, 11)
+    buffer = torch.zeros(4 * (BUDGET + 1) * (CONTEXT + BUDGET + 1), dtype=torch.bool)
+    graphs = captured_graphs(rc7, x["req_to_token"], True, [], [4], verify_mask=buffer)
+    r = graphs.prepare(x["hidden"], x["bonus"], x["prefix"], x["pool"])
+    assert r.verify_mask is buffer
+    n = BUDGET + 1
+    cells = int((n * (x["prefix"] + n)).sum())
+    want = torch.zeros(cells, dtype=torch.bool)
+    fill(mask_out=want, visibility=r.tree.visibility, prefix_lens=x["prefix"])
+    assert torch.equal(buffer[:cells], want)
+    assert r.tree.visibility.shape[0] == 2 and want[: int(x["prefix"][0])].all() and not want.all()
