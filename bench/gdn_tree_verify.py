@@ -127,6 +127,14 @@ def reference_states(x: dict[str, torch.Tensor], parents: list[int], heads: int)
     return torch.stack(out)
 
 
+def verify_buffers(shapes: Shapes, width: int, parents: list[int] | None, device: str) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The verify's parent links (every request the same tree; None for a chain) and its per-node
+    state buffer, as the hybrid backend hands them to the kernel."""
+    links = None if parents is None else torch.tensor([parents] * shapes.requests, dtype=torch.int32, device=device).clamp(min=0)
+    states = torch.zeros((shapes.requests, width, shapes.value_heads, shapes.head_dim, shapes.head_dim), device=device)
+    return links, states
+
+
 def state_error(kernel: Callable[..., torch.Tensor], shapes: Shapes, width: int, parents: list[int] | None,
                 device: str, dtype: torch.dtype, seed: int, kernel_parents: list[int] | None = None) -> float:
     """Largest error of the kernel's per-node states (request 0, two heads) against the float32
@@ -136,8 +144,7 @@ def state_error(kernel: Callable[..., torch.Tensor], shapes: Shapes, width: int,
     x = inputs(shapes, width, device, dtype, g)
     tree = parents if parents is not None else list(range(-1, width - 1))
     given = kernel_parents if kernel_parents is not None else tree
-    states = torch.zeros((shapes.requests, width, shapes.value_heads, shapes.head_dim, shapes.head_dim), device=device)
-    links = None if parents is None else torch.tensor([given] * shapes.requests, dtype=torch.int32, device=device).clamp(min=0)
+    links, states = verify_buffers(shapes, width, None if parents is None else given, device)
     run_kernel(kernel, x, width, links, states)
     heads = min(2, shapes.value_heads)
     want = reference_states(x, tree, heads)
@@ -151,8 +158,7 @@ def time_case(kernel: Callable[..., torch.Tensor], shapes: Shapes, width: int, t
     g = torch.Generator().manual_seed(width)
     x = inputs(shapes, width, device, dtype, g)
     parents = random_parents(width, shapes.chain - 1, g) if tree else None
-    links = None if parents is None else torch.tensor([parents] * shapes.requests, dtype=torch.int32, device=device).clamp(min=0)
-    states = torch.zeros((shapes.requests, width, shapes.value_heads, shapes.head_dim, shapes.head_dim), device=device)
+    links, states = verify_buffers(shapes, width, parents, device)
     run_kernel(kernel, x, width, links, states)  # compile
     times = []
     for _ in range(repeats):
