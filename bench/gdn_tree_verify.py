@@ -11,6 +11,7 @@ value heads of 128 x 128, 48 GDN layers. Run 21 (docs/gpu-validation.md) says wh
 measurement; it needs no model.
 
     PYTHONPATH=/tmp/site python bench/gdn_tree_verify.py --device cuda    # the GPU machine
+    PYTHONPATH=/tmp/site python bench/gdn_tree_verify.py --shapes copy-hybrid  # the tiny hybrid's
     python bench/gdn_tree_verify.py --kernel-file PATH --device cpu --small  # Triton's interpreter
 
 Every case first checks the kernel's per-node states against a float32 recurrence along each
@@ -22,6 +23,7 @@ medians of ``--repeats`` calls.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import statistics
 import time
@@ -45,6 +47,9 @@ class Shapes:
 
 
 SMALL = Shapes(requests=2, key_heads=1, value_heads=2, head_dim=16, layers=2, chain=8)
+# make_hybrid.py's copy hybrid (5 GDN layers of 2 key and 4 value heads of 64) with its copy draft's
+# block of 8: where run 21 measured DDTREE@64 at 0.86-0.96x DFLASH, so the two can be read together.
+COPY_HYBRID = Shapes(key_heads=2, value_heads=4, head_dim=64, layers=5, chain=8)
 
 
 def load_kernel(kernel_file: str | None) -> Callable[..., torch.Tensor]:
@@ -183,10 +188,12 @@ def main() -> None:
     parser.add_argument("--budgets", default="16,32,64,128,256")
     parser.add_argument("--requests", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--shapes", choices=["qwen3.6-27b", "copy-hybrid"], default="qwen3.6-27b")
     parser.add_argument("--small", action="store_true", help="tiny shapes (Triton's interpreter on the CPU)")
     args = parser.parse_args()
     kernel = load_kernel(args.kernel_file)
-    shapes = SMALL if args.small else Shapes(requests=args.requests)
+    base = {"qwen3.6-27b": Shapes(), "copy-hybrid": COPY_HYBRID}[args.shapes]
+    shapes = SMALL if args.small else dataclasses.replace(base, requests=args.requests)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     budgets = [int(b) for b in args.budgets.split(",")]
     check_width = min(budgets) + 1

@@ -20,7 +20,7 @@
 # gets its ddtree_debug lines summarised (hybrid_debug_summary.py); *_fault cases run on
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
 # deduplicated conv-window layout left on). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
-# default for _dbg cases). A carried .gpu/triton_cache.tar.gz (from an earlier run) skips compiles.
+# default for _dbg cases). A carried .gpu/triton_cache.tar.xz or .tar.gz (from earlier runs; merge_triton_caches.sh) skips compiles.
 # A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev, hyb_*_ddtree{16,64}_prev) runs on /tmp/site_prev, overlay ddtree
 # $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
 # A case suffixed _tprof (copy_dflash, copy_ddtree64, hyb_copy_dflash, hyb_copy_ddtree16, hyb_copy_ddtree64)
@@ -52,7 +52,7 @@ export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_
 BUDGET=${BUDGET:-570}
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
-if [ -f "$G/triton_cache.tar.gz" ] && [ ! -d /tmp/jitcache/triton ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/triton_cache.tar.gz" -C /tmp/jitcache; fi
+for f in "$G"/triton_cache.tar.{xz,gz}; do [ -f "$f" ] && [ ! -d /tmp/jitcache/triton ] && mkdir -p /tmp/jitcache && tar -xf "$f" -C /tmp/jitcache; done
 V=overlays/ddtree/${DDTREE_VERSION:-0.2.2}
 if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "$V" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
 if [[ " ${CASES[*]} " == *_fault\ * ]] && [ ! -f /tmp/site_fault/.done ]; then rm -rf /tmp/site_fault && cp -a /tmp/site /tmp/site_fault && SKIP_PATCHES=sglang/srt/mem_cache/memory_pool.py.diff bash tools/gpu/apply_overlay.sh "$V" /tmp/site_fault && touch /tmp/site_fault/.done || { echo "fault overlay apply failed"; exit 1; }; fi

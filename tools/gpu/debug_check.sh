@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; G=.gpu
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TVM_FFI_CACHE_DIR=/tmp/jitcache FLASHINFER_WORKSPACE_BASE=/tmp/fi TRITON_CACHE_DIR=/tmp/jitcache/triton
 mkdir -p /tmp/site /tmp/jitcache && tar -xJf "$G/site.tar.xz" -C /tmp/site || exit 1
-for t in jitcache triton_cache; do [ -f "$G/$t.tar.gz" ] && tar -xzf "$G/$t.tar.gz" -C /tmp/jitcache; done
+for f in "$G"/jitcache.tar.gz "$G"/triton_cache.tar.{xz,gz}; do [ -f "$f" ] && tar -xf "$f" -C /tmp/jitcache; done
 cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "overlays/ddtree/${DDTREE_VERSION:-0.2.2}" /tmp/site_dd || exit 1
 PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 echo "[$(el)s] site, overlay and models ready"

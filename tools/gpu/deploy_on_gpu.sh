@@ -9,7 +9,7 @@
 # HYBRID=1 serves the copy hybrid instead (make_hybrid.py's hyb_copy: GatedDeltaNet layers, the copy
 # pair's draft, --max-running-requests 8), for 0.3.0 and later (set DDTREE_VERSION; the default is
 # refused). The broken version is X.Y.99 of $DDTREE_VERSION's X.Y, so it is always newer than the good one.
-# Carry: .gpu/site.tar.xz .gpu/scripts (and .gpu/jitcache.tar.gz, .gpu/triton_cache.tar.gz if any).
+# Carry: .gpu/site.tar.xz .gpu/scripts (and .gpu/jitcache.tar.gz, .gpu/triton_cache.tar.xz or .tar.gz if any).
 # Everything lands in $OUT/deploy.tar.gz (transcript, JSON answers, inventory, server logs).
 set -u
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
@@ -21,7 +21,7 @@ trap pack EXIT
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 mkdir -p /tmp/jitcache
 [ -f "$G/jitcache.tar.gz" ] && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache
-[ -f "$G/triton_cache.tar.gz" ] && tar -xzf "$G/triton_cache.tar.gz" -C /tmp/jitcache
+for f in "$G"/triton_cache.tar.{xz,gz}; do [ -f "$f" ] && tar -xf "$f" -C /tmp/jitcache; done
 [ -d /tmp/models/target_copy ] || PYTHONPATH=/tmp/site python3 "$G/scripts/make_models.py" /tmp/models 2>&1 | grep -v shards
 MODEL=/tmp/models/target_copy EXTRA=
 if [ "${HYBRID:-0}" = 1 ]; then
