@@ -12,12 +12,13 @@ measurement; it needs no model.
 
     PYTHONPATH=/tmp/site python bench/gdn_tree_verify.py --device cuda    # the GPU machine
     PYTHONPATH=/tmp/site python bench/gdn_tree_verify.py --shapes copy-hybrid  # the tiny hybrid's
+    ... --ddtree-kernel-file /tmp/site_dd/sglang/kernels/ops/speculative/ddtree_gdn.py  # rc.8's beside it
     python bench/gdn_tree_verify.py --kernel-file PATH --device cpu --small  # Triton's interpreter
 
-Every case first checks the kernel's per-node states against a float32 recurrence along each
+Every kernel first checks its per-node states against a float32 recurrence along each
 node's path (the first request, the first two value heads); the tree is a random one whose
 parents come before their children, as DDTree's pop order gives them. Times are CUDA-event
-medians of ``--repeats`` calls.
+medians of ``--repeats`` replays of a CUDA graph holding one call.
 """
 
 from __future__ import annotations
@@ -157,26 +158,54 @@ def state_error(kernel: Callable[..., torch.Tensor], shapes: Shapes, width: int,
     return float((got - want.cpu()).abs().max() / want.abs().max())
 
 
+def ddtree_kernel(kernel_file: str) -> Callable[..., torch.Tensor]:
+    """Overlay ddtree 0.3.0-rc.8's ``ddtree_gdn_tree_verify`` (its ``kernels/ops/speculative/ddtree_gdn.py``),
+    called the way ``run_kernel`` calls SGLang's: the tree verify only."""
+    spec = importlib.util.spec_from_file_location("ddtree_gdn", kernel_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def verify(*, initial_state_source: torch.Tensor, initial_state_indices: torch.Tensor, cu_seqlens: torch.Tensor,
+               intermediate_states_buffer: torch.Tensor, intermediate_state_indices: torch.Tensor,
+               retrieve_parent_token: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
+               q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: torch.Tensor, **_: object) -> torch.Tensor:
+        return module.ddtree_gdn_tree_verify(
+            A_log, a, dt_bias, q, k, v, b, initial_state_source=initial_state_source,
+            initial_state_indices=initial_state_indices, cu_seqlens=cu_seqlens,
+            intermediate_states_buffer=intermediate_states_buffer, intermediate_state_indices=intermediate_state_indices,
+            retrieve_parent_token=retrieve_parent_token)
+
+    return verify
+
+
 def time_case(kernel: Callable[..., torch.Tensor], shapes: Shapes, width: int, tree: bool, device: str,
               dtype: torch.dtype, repeats: int) -> float:
-    """Median ms of one layer's verify call."""
+    """Median ms of one layer's verify call. On CUDA the call is replayed from a CUDA graph, as the
+    server runs it, so the Python launch (about 0.15 ms for these kernels) is not timed."""
     g = torch.Generator().manual_seed(width)
     x = inputs(shapes, width, device, dtype, g)
     parents = random_parents(width, shapes.chain - 1, g) if tree else None
     links, states = verify_buffers(shapes, width, parents, device)
-    run_kernel(kernel, x, width, links, states)  # compile
+    call = lambda: run_kernel(kernel, x, width, links, states)  # noqa: E731
+    call()  # compile
+    if device == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        call = graph.replay  # noqa: E731
     times = []
     for _ in range(repeats):
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            run_kernel(kernel, x, width, links, states)
+            call()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
         else:
             t0 = time.perf_counter()
-            run_kernel(kernel, x, width, links, states)
+            call()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
 
@@ -185,31 +214,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--kernel-file", help="the kernel's .py file (default: the installed sglang's)")
+    parser.add_argument("--ddtree-kernel-file", help="also time rc.8's tree verify (its ddtree_gdn.py)")
     parser.add_argument("--budgets", default="16,32,64,128,256")
     parser.add_argument("--requests", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", choices=["qwen3.6-27b", "copy-hybrid"], default="qwen3.6-27b")
     parser.add_argument("--small", action="store_true", help="tiny shapes (Triton's interpreter on the CPU)")
     args = parser.parse_args()
-    kernel = load_kernel(args.kernel_file)
+    kernels = {"sglang": load_kernel(args.kernel_file)}
+    if args.ddtree_kernel_file:
+        kernels["ddtree"] = ddtree_kernel(args.ddtree_kernel_file)
     base = {"qwen3.6-27b": Shapes(), "copy-hybrid": COPY_HYBRID}[args.shapes]
     shapes = SMALL if args.small else dataclasses.replace(base, requests=args.requests)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     budgets = [int(b) for b in args.budgets.split(",")]
     check_width = min(budgets) + 1
-    error = state_error(kernel, shapes, check_width, random_parents(check_width, shapes.chain - 1, torch.Generator().manual_seed(1)),
-                        args.device, dtype, 1)
-    print(f"check: tree states at budget {min(budgets)} against the float32 recurrence, max relative error {error:.2e}")
+    check_tree = random_parents(check_width, shapes.chain - 1, torch.Generator().manual_seed(1))
+    for name, kernel in kernels.items():
+        error = state_error(kernel, shapes, check_width, check_tree, args.device, dtype, 1)
+        print(f"check {name}: tree states at budget {min(budgets)} against the float32 recurrence, "
+              f"max relative error {error:.2e}")
     state_bytes = shapes.value_heads * shapes.head_dim * shapes.head_dim * 4 * shapes.requests
-    chain = time_case(kernel, shapes, shapes.chain, False, args.device, dtype, args.repeats)
+    chain = time_case(kernels["sglang"], shapes, shapes.chain, False, args.device, dtype, args.repeats)
     print(f"shapes {shapes}; one layer's call, median of {args.repeats}; a round = x {shapes.layers} layers")
-    print(f"  chain of {shapes.chain} (DFLASH's verify): {chain:.3f} ms, a round {chain * shapes.layers:.2f} ms")
+    print(f"  chain of {shapes.chain} (DFLASH's verify, SGLang's kernel): {chain:.3f} ms, a round {chain * shapes.layers:.2f} ms")
     for budget in budgets:
         width = budget + 1
-        ms = time_case(kernel, shapes, width, True, args.device, dtype, args.repeats)
-        moved = state_bytes * (2 * width - 1)  # every node's state stored, every parent's loaded
-        print(f"  tree of {width} (budget {budget}): {ms:.3f} ms, a round {ms * shapes.layers:.2f} ms, "
-              f"{moved / ms / 1e6:.0f} GB/s of state traffic, {ms / chain:.2f}x the chain")
+        moved = state_bytes * (2 * width - 1)  # SGLang's: every node's state stored, every parent's loaded
+        for name, kernel in kernels.items():
+            ms = time_case(kernel, shapes, width, True, args.device, dtype, args.repeats)
+            print(f"  tree of {width} (budget {budget}), {name}: {ms:.3f} ms, a round {ms * shapes.layers:.2f} ms, "
+                  f"{moved / ms / 1e6:.0f} GB/s of SGLang's state traffic, {ms / chain:.2f}x the chain")
 
 
 if __name__ == "__main__":

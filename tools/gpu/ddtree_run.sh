@@ -20,7 +20,8 @@
 # gets its ddtree_debug lines summarised (hybrid_debug_summary.py); *_fault cases run on
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
 # deduplicated conv-window layout left on). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
-# default for _dbg cases). A carried .gpu/triton_cache.tar.xz or .tar.gz (from earlier runs; merge_triton_caches.sh) skips compiles.
+# default for _dbg cases). A carried .gpu/triton_cache.tar.xz or .tar.gz (from earlier runs; merge_triton_caches.sh) skips compiles;
+# $OUT/triton_new.tar.xz holds what this run compiled.
 # A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev, hyb_*_ddtree{16,64}_prev) runs on /tmp/site_prev, overlay ddtree
 # $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
 # A case suffixed _tprof (copy_dflash, copy_ddtree64, hyb_copy_dflash, hyb_copy_ddtree16, hyb_copy_ddtree64)
@@ -53,6 +54,7 @@ BUDGET=${BUDGET:-570}
 if [ ! -f /tmp/site/.done ]; then mkdir -p /tmp/site && tar -xJf "$G/site.tar.xz" -C /tmp/site && touch /tmp/site/.done || { echo "unpack failed"; exit 1; }; fi
 if [ -f "$G/jitcache.tar.gz" ] && [ ! -d /tmp/jitcache ]; then mkdir -p /tmp/jitcache && tar -xzf "$G/jitcache.tar.gz" -C /tmp/jitcache; fi
 for f in "$G"/triton_cache.tar.{xz,gz}; do [ -f "$f" ] && [ ! -d /tmp/jitcache/triton ] && mkdir -p /tmp/jitcache && tar -xf "$f" -C /tmp/jitcache; done
+mkdir -p /tmp/jitcache/triton; ls /tmp/jitcache/triton > /tmp/triton_carried  # what comes back is only what this run compiled
 V=overlays/ddtree/${DDTREE_VERSION:-0.2.2}
 if [ ! -f /tmp/site_dd/.done ]; then rm -rf /tmp/site_dd && cp -a /tmp/site /tmp/site_dd && bash tools/gpu/apply_overlay.sh "$V" /tmp/site_dd && touch /tmp/site_dd/.done || { echo "overlay apply failed"; exit 1; }; fi
 if [[ " ${CASES[*]} " == *_fault\ * ]] && [ ! -f /tmp/site_fault/.done ]; then rm -rf /tmp/site_fault && cp -a /tmp/site /tmp/site_fault && SKIP_PATCHES=sglang/srt/mem_cache/memory_pool.py.diff bash tools/gpu/apply_overlay.sh "$V" /tmp/site_fault && touch /tmp/site_fault/.done || { echo "fault overlay apply failed"; exit 1; }; fi
@@ -215,5 +217,7 @@ for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
 touch "$O/done.all"; wait; grep -h "ddtree_debug" "$O"/*.log | head -2000 > "$O/ddtree_debug.txt"
 [ -d /tmp/jitcache ] && tar -czf "$OUT/jitcache.tar.gz" --exclude=./triton -C /tmp/jitcache . 2>/dev/null
-[ -d /tmp/jitcache/triton ] && tar -czf "$OUT/triton_cache.tar.gz" -C /tmp/jitcache triton 2>/dev/null
+# Only the kernel groups this run compiled, in xz (a whole cache in gzip passed the 16 MiB a file
+# may take back); merge_triton_caches.sh folds them into the carried .gpu/triton_cache.tar.xz.
+(cd /tmp/jitcache && ls triton | grep -vxFf /tmp/triton_carried | sed 's#^#triton/#' | tar -cf - -T - | xz -6 -T0 > "$OUT/triton_new.tar.xz") 2>/dev/null
 echo "[$(el)s] done; files: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -1,0 +1,47 @@
+"""The GDN kernel a DDTREE server verifies its trees with (GDNKernelDispatcher.tree_verify_kernel)."""
+
+import torch
+
+from sglang.kernels.ops.speculative.ddtree_gdn import ddtree_gdn_tree_verify
+from sglang.srt.layers.attention.linear.kernels.gdn_triton import TritonGDNKernel
+
+
+class DDTreeGDNKernel(TritonGDNKernel):
+    """Triton's GDN kernels, with the tree verify run in depth steps (``ddtree_gdn.py``): a DDTree
+    at budget B has B + 1 nodes but at most a draft block's depth, where SGLang's tree mode steps
+    through every node in turn."""
+
+    def target_verify(
+        self,
+        A_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        *,
+        ssm_states: torch.Tensor,
+        cache_indices: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        intermediate_states_buffer: torch.Tensor,
+        intermediate_state_indices: torch.Tensor,
+        cache_steps: int,
+        retrieve_parent_token: torch.Tensor,
+        **kwargs,
+    ) -> torch.Tensor:
+        return ddtree_gdn_tree_verify(
+            A_log,
+            a,
+            dt_bias,
+            q,
+            k,
+            v,
+            b,
+            initial_state_source=ssm_states,
+            initial_state_indices=cache_indices,
+            cu_seqlens=query_start_loc,
+            intermediate_states_buffer=intermediate_states_buffer,
+            intermediate_state_indices=intermediate_state_indices,
+            retrieve_parent_token=retrieve_parent_token,
+        )

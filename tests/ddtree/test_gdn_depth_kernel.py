@@ -1,0 +1,144 @@
+"""Overlay ddtree 0.3.0-rc.8's GatedDeltaNet tree verify (``ddtree_gdn_tree_verify``) against SGLang
+0.5.17's own tree mode of ``fused_sigmoid_gating_delta_rule_update``, both on the CPU through Triton's
+interpreter in a child process (as ``test_gdn_tree_kernel.py`` runs SGLang's).
+
+rc.8 splits a tree into chains of first children and walks each in its own program, where SGLang
+walks every node in turn: the per-node states it caches and the outputs it returns must be SGLang's
+bit for bit. The trees are DDTree's own (``build_ddtree_batch``, parents as the hybrid backend
+derives them from the links, so padding nodes hang off the root), a deep random tree, a request
+without a state slot (a padded batch row), and a state buffer in bfloat16. A tree whose parent
+comes after its node (never built) must still return rather than wait forever.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from ddtree_deploy.pristine import pristine_release
+from tests.ddtree.test_hybrid_links import trees
+from tests.ddtree.test_hybrid_rules import hybrid_module
+from tests.overlay.plan_digests import BASE
+
+RC8 = "ddtree@0.3.0-rc.8"
+KERNEL = "sglang/kernels/ops/speculative/ddtree_gdn.py"
+SGLANG_KERNEL = "sglang/kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench/gdn_tree_verify.py"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, dd: ModuleType) -> dict[str, dict[str, torch.Tensor]]:
+    from ddtree_deploy.catalog import load_overlay
+    from tests.ddtree.conftest import OVERLAYS
+
+    work = tmp_path_factory.mktemp("gdn")
+    (work / "ddtree_gdn.py").write_bytes(load_overlay(RC8, OVERLAYS).content_of(KERNEL, None))
+    tree = trees(dd, 16, 3, depth=3)  # the masked row (2 tokens a depth) has 14 nodes: 2 padding
+    links = hybrid_module().ddtree_link_parents(tree.parents)
+    torch.save({"ddtree": links, "nodes": tree.num_nodes}, work / "trees.pt")
+    # The child imports this file, and so its imports of tests.*, from the repository root.
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BENCH.parents[1])}
+    sglang = pristine_release(BASE) / SGLANG_KERNEL
+    child = subprocess.run([sys.executable, __file__, str(work), str(sglang)], env=env, capture_output=True,
+                           text=True, timeout=900)
+    assert child.returncode == 0, child.stderr[-4000:]
+    return torch.load(work / "results.pt")
+
+
+def test_the_ddtree_trees_branch_and_pad(results: dict[str, dict[str, torch.Tensor]]) -> None:
+    nodes = results["ddtree"]["nodes"]
+    assert int(nodes.min()) < 16 == int(nodes.max()), "one tree has padding nodes, one is full"
+    parents = results["ddtree"]["parents"]
+    assert all(len(set(row[1:].tolist())) < 16 for row in parents), "every tree branches"
+
+
+@pytest.mark.parametrize("case", ["ddtree", "deep_random", "no_slot", "bf16_states"])
+def test_states_and_outputs_are_sglangs_bit_for_bit(results: dict[str, dict[str, torch.Tensor]], case: str) -> None:
+    got = results[case]
+    assert torch.equal(got["ours_states"], got["sglang_states"])
+    rows = got["compared_rows"]
+    assert torch.equal(got["ours_out"][0, rows], got["sglang_out"][0, rows])
+    assert got["sglang_states"].abs().sum() > 0
+
+
+def test_a_row_without_a_state_slot_caches_nothing(results: dict[str, dict[str, torch.Tensor]]) -> None:
+    states = results["no_slot"]["ours_states"]
+    assert (states[0] == 0).all() and (states[1] != 0).any()
+
+
+def test_a_parent_after_its_node_returns(results: dict[str, dict[str, torch.Tensor]]) -> None:
+    assert results["bad_parent"]["returned"].item() is True
+
+
+# --------------------------------------------------------------------------- the child process
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _both(bench: ModuleType, sglang: object, ours: ModuleType, parents: torch.Tensor, state_dtype: torch.dtype,
+          slots: list[int], seed: int) -> dict[str, torch.Tensor]:
+    """One verify of ``parents`` ([requests, width]) by SGLang's kernel and by rc.8's, same inputs."""
+    requests, width = parents.shape
+    shapes = bench.Shapes(requests=requests, key_heads=1, value_heads=2, head_dim=16, layers=1, chain=8)
+    x = bench.inputs(shapes, width, "cpu", torch.float32, torch.Generator().manual_seed(seed))
+    links = parents.to(torch.int32).clamp(min=0)
+    indices = torch.tensor(slots, dtype=torch.int32)
+    out: dict[str, torch.Tensor] = {}
+    for name in ("sglang", "ours"):
+        states = torch.zeros((requests, width, 2, 16, 16), dtype=state_dtype)
+        if name == "sglang":
+            o = sglang(A_log=x["A_log"], dt_bias=x["dt_bias"], q=x["q"], k=x["k"], v=x["v"], a=x["a"], b=x["b"],
+                       initial_state_source=x["ssm_states"], initial_state_indices=indices,
+                       cu_seqlens=torch.arange(0, requests * width + 1, width, dtype=torch.int32),
+                       use_qk_l2norm_in_kernel=True, softplus_beta=1.0, softplus_threshold=20.0, is_kda=False,
+                       disable_state_update=True, intermediate_states_buffer=states,
+                       intermediate_state_indices=indices, cache_steps=width, retrieve_parent_token=links)
+        else:
+            o = ours.ddtree_gdn_tree_verify(
+                x["A_log"], x["a"], x["dt_bias"], x["q"], x["k"], x["v"], x["b"],
+                initial_state_source=x["ssm_states"], initial_state_indices=indices,
+                cu_seqlens=torch.arange(0, requests * width + 1, width, dtype=torch.int32),
+                intermediate_states_buffer=states, intermediate_state_indices=indices, retrieve_parent_token=links)
+        out[f"{name}_states"], out[f"{name}_out"] = states, o
+    # A row without a slot is padding: SGLang runs it as a chain, rc.8 as the tree; neither is read.
+    out["compared_rows"] = torch.tensor([s >= 0 for s in slots]).repeat_interleave(width)
+    return out
+
+
+def _run(work: Path, sglang_file: Path) -> None:
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    torch.set_num_threads(1)
+    bench = _load(BENCH, "gdn_tree_verify")
+    sglang = bench.load_kernel(str(sglang_file))
+    ours = _load(work / "ddtree_gdn.py", "rc8_ddtree_gdn")
+    saved = torch.load(work / "trees.pt")
+    ddtree = saved["ddtree"]
+    g = torch.Generator().manual_seed(5)
+    deep = torch.tensor([bench.random_parents(33, 15, g) for _ in range(2)])
+    bad = torch.tensor([[-1, 0, 3, 1, 2]])  # node 2's parent is node 3
+    results = {
+        "ddtree": {**_both(bench, sglang, ours, ddtree, torch.float32, [0, 1, 2, 3], 1), "nodes": saved["nodes"],
+                   "parents": ddtree},
+        "deep_random": _both(bench, sglang, ours, deep, torch.float32, [0, 1], 2),
+        "no_slot": _both(bench, sglang, ours, deep, torch.float32, [-1, 1], 3),
+        "bf16_states": _both(bench, sglang, ours, ddtree[:2], torch.bfloat16, [0, 1], 4),
+    }
+    _both(bench, sglang, ours, bad, torch.float32, [0], 6)
+    results["bad_parent"] = {"returned": torch.tensor(True)}
+    torch.save(results, work / "results.pt")
+
+
+if __name__ == "__main__":
+    _run(Path(sys.argv[1]), Path(sys.argv[2]))
