@@ -7,7 +7,9 @@ walks every node in turn: the per-node states it caches and the outputs it retur
 bit for bit. The trees are DDTree's own (``build_ddtree_batch``, parents as the hybrid backend
 derives them from the links, so padding nodes hang off the root), a deep random tree, a request
 without a state slot (a padded batch row), and a state buffer in bfloat16. A tree whose parent
-comes after its node (never built) must still return rather than wait forever.
+comes after its node (never built) must still return rather than wait forever. And a DDTREE
+server's GDN backend must give a verify the depth kernel only at the shapes where run 22 measured it
+faster than SGLang's, and SGLang's kernel elsewhere.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -75,6 +78,66 @@ def test_a_row_without_a_state_slot_caches_nothing(results: dict[str, dict[str, 
 
 def test_a_parent_after_its_node_returns(results: dict[str, dict[str, torch.Tensor]]) -> None:
     assert results["bad_parent"]["returned"].item() is True
+
+
+# --------------------------------------------------------------------------- which kernel a verify gets
+GDN_DDTREE = "sglang/srt/layers/attention/linear/kernels/gdn_ddtree.py"
+
+
+@pytest.fixture(scope="module")
+def dispatch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """rc.8's DDTreeGDNKernel over its real ddtree_gdn.py, with stand-ins (test only) for what needs a
+    GPU: the depth kernel's launch and SGLang's TritonGDNKernel record which one a call reached."""
+    from ddtree_deploy.catalog import load_overlay
+    from tests.ddtree.conftest import OVERLAYS
+
+    overlay = load_overlay(RC8, OVERLAYS)
+    tmp = tmp_path_factory.mktemp("dispatch")
+    calls: list[str] = []
+    names = ["sglang.kernels.ops.speculative.ddtree_gdn", "sglang.srt.layers.attention.linear.kernels.gdn_triton"]
+    saved = {name: sys.modules.get(name) for name in names}
+    try:
+        (tmp / "ddtree_gdn.py").write_bytes(overlay.content_of(KERNEL, None))
+        kernel = _load(tmp / "ddtree_gdn.py", names[0])
+        kernel.ddtree_gdn_tree_verify = lambda *args, **kwargs: calls.append("depth")
+        serial = ModuleType(names[1])
+        serial.TritonGDNKernel = type("TritonGDNKernel", (), {"target_verify": lambda self, *a, **k: calls.append("sglang")})
+        sys.modules[names[1]] = serial
+        namespace: dict[str, object] = {}
+        exec(compile(overlay.content_of(GDN_DDTREE, None), GDN_DDTREE, "exec"), namespace)
+        yield SimpleNamespace(kernel=kernel, verify_kernel=namespace["DDTreeGDNKernel"](), calls=calls)
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+@pytest.mark.parametrize(("requests", "value_heads", "value_dim", "width", "want"), [
+    (1, 48, 128, 65, "depth"),     # Qwen3.6-27B, one request: 192 items, 1.7x faster (run 22)
+    (4, 48, 128, 17, "sglang"),    # 768 items at budget 16: SGLang's was 1.45x faster
+    (4, 48, 128, 65, "sglang"),    # and 1.07x at 64
+    (4, 48, 128, 257, "depth"),    # and 1.2x slower at 256
+    (4, 4, 64, 65, "depth"),       # the copy hybrid, 32 items
+])
+def test_a_tree_verify_runs_in_depth_steps_where_run_22_measured_them_faster(
+    dispatch: SimpleNamespace, requests: int, value_heads: int, value_dim: int, width: int, want: str
+) -> None:
+    v = torch.empty((1, requests * width, value_heads, value_dim))
+    dispatch.calls.clear()
+    dispatch.verify_kernel.target_verify(
+        None, None, None, None, v, None, None, ssm_states=None, cache_indices=None,
+        query_start_loc=torch.arange(0, requests * width + 1, width),
+        intermediate_states_buffer=torch.empty((requests, width, 1)), intermediate_state_indices=None,
+        cache_steps=width, retrieve_parent_token=None)
+    assert dispatch.calls == [want]
+
+
+def test_items_are_sglangs_value_blocks(dispatch: SimpleNamespace) -> None:
+    assert dispatch.kernel.verify_items(1, 48, 128) == 192  # 32-wide value blocks
+    assert dispatch.kernel.verify_items(4, 4, 64) == 32
+    assert dispatch.kernel.verify_items(2, 3, 16) == 6  # a head narrower than a block is one block
 
 
 # --------------------------------------------------------------------------- the child process

@@ -126,6 +126,27 @@ def ddtree_gdn_tree_verify_kernel(
             t = tl.min(tl.where((idx > 0) & (par == t), idx, NP2_T))  # the first child; NP2_T at a leaf
 
 
+# Where the depth steps pay, from bench/gdn_tree_verify.py on an H200 (run 22, call 3; an item is
+# one request's value head and value block, 192 per request at Qwen3.6-27B's shapes): at 192 items
+# or fewer the depth kernel was 1.0-1.9x faster than SGLang's at budgets 16-256 (11x on the tiny
+# hybrid at 256); at 768 items it was slower at budgets 16 and 64 (1.45x, 1.07x) and faster at 256
+# (1.2x). There the serial kernel's own grid already fills the GPU and both move the same states.
+DEPTH_KERNEL_MAX_ITEMS = 256
+DEPTH_KERNEL_MIN_WIDTH_ANY_ITEMS = 257
+
+
+def depth_steps_pay(items: int, width: int) -> bool:
+    """Whether a tree verify of ``width`` nodes over ``items`` (request, value head, value block)
+    items should run in depth steps (this kernel) rather than SGLang's node steps. Measured points
+    only: between budget 64 and 256 at many items SGLang's kernel keeps the call."""
+    return items <= DEPTH_KERNEL_MAX_ITEMS or width >= DEPTH_KERNEL_MIN_WIDTH_ANY_ITEMS
+
+
+def verify_items(requests: int, value_heads: int, value_dim: int) -> int:
+    """The depth kernel's items: one per request, value head and value block (the block is SGLang's)."""
+    return requests * value_heads * triton.cdiv(value_dim, min(triton.next_power_of_2(value_dim), 32))
+
+
 def ddtree_gdn_tree_verify(
     A_log: torch.Tensor,
     a: torch.Tensor,
@@ -158,7 +179,7 @@ def ddtree_gdn_tree_verify(
     steps = intermediate_states_buffer.shape[1]
     BK, BV = triton.next_power_of_2(K), min(triton.next_power_of_2(V), 32)
     assert BK == K, "K must be a power of two"
-    items = N * HV * triton.cdiv(V, BV)
+    items = verify_items(N, HV, V)
     sync = torch.zeros((1 + steps) * items, dtype=torch.int32, device=q.device)
     o = q.new_empty(1, tokens, HV, V)
     ddtree_gdn_tree_verify_kernel[(steps * items,)](
