@@ -95,8 +95,9 @@ def dispatch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
     tmp = tmp_path_factory.mktemp("dispatch")
     calls: list[str] = []
     names = ["sglang.kernels.ops.speculative.ddtree_gdn", "sglang.srt.layers.attention.linear.kernels.gdn_triton"]
-    saved = {name: sys.modules.get(name) for name in names}
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # the stand-in module names leave with the fixture
+        for name in names:
+            patch.setitem(sys.modules, name, ModuleType(name))  # recorded, so undone whatever replaces it
         (tmp / "ddtree_gdn.py").write_bytes(overlay.content_of(KERNEL, None))
         kernel = _load(tmp / "ddtree_gdn.py", names[0])
         kernel.ddtree_gdn_tree_verify = lambda *args, **kwargs: calls.append("depth")
@@ -106,12 +107,6 @@ def dispatch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
         namespace: dict[str, object] = {}
         exec(compile(overlay.content_of(GDN_DDTREE, None), GDN_DDTREE, "exec"), namespace)
         yield SimpleNamespace(kernel=kernel, verify_kernel=namespace["DDTreeGDNKernel"](), calls=calls)
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 @pytest.mark.parametrize(("requests", "value_heads", "value_dim", "width", "want"), [
