@@ -12,12 +12,16 @@ depth, and the work is still one step per node.
 Every node runs SGLang's per-step arithmetic on the same inputs, and a chain head starts from the
 parent's state as stored (rounded to the buffer's dtype), as SGLang's kernel reloads it, so the
 per-node states and outputs are the ones SGLang's tree mode computes (``tests/ddtree/
-test_gdn_tree_kernel.py`` checks it bit for bit in Triton's interpreter).
+test_gdn_depth_kernel.py`` checks it bit for bit in Triton's interpreter). Two inputs SGLang's
+builders never produce are handled otherwise: a row without a state slot (index -1) starts every
+chain from zeros where SGLang runs the row as a chain, and a parent that is not an earlier node of
+its row is read as the root, so the tree stays a tree and no wait can be on a node nobody computes.
 
 Publishing: a program takes a ticket from its item's counter when it starts, and the ticket, not
 the grid index, names its node, in increasing order. A chain head only waits for a node of a smaller
 index, whose chain started before it did, and a chain never waits after its head, so every wait
-ends (the ordering CUB's decoupled look-back relies on).
+ends (the ordering CUB's decoupled look-back relies on). A row is never walked past the buffer's
+width, so every chain ends.
 """
 
 from __future__ import annotations
@@ -59,11 +63,11 @@ def ddtree_gdn_tree_verify_kernel(
     q, k, v, b, o,
     h0_source, h0_indices, stride_h0_source, cu_seqlens,
     states, state_indices, cache_steps,
-    parents, stride_parents_seq,
+    parents, stride_parents_seq, stride_parents_token,
     sync,
     scale, T, stride_a, stride_q, stride_k, stride_v, stride_b,
     NP2_T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, ITEMS: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, ITEMS,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
 ):
     # An item is one (request, value head, value block), ITEMS of them. sync[item] counts the item's
@@ -77,10 +81,12 @@ def ddtree_gdn_tree_verify_kernel(
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    length = (tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n)).to(tl.int32)
+    length = tl.minimum(tl.load(cu_seqlens + i_n + 1) - tl.load(cu_seqlens + i_n), cache_steps).to(tl.int32)
 
     idx = tl.arange(0, NP2_T)
-    par = tl.load(parents + i_n * stride_parents_seq + idx, mask=(idx > 0) & (idx < length), other=-1)
+    in_row = (idx > 0) & (idx < length)
+    par = tl.load(parents + i_n * stride_parents_seq + idx * stride_parents_token, mask=in_row, other=-1)
+    par = tl.where(in_row & ((par < 0) | (par >= idx)), 0, par)  # see the module docstring
     parent = tl.sum(tl.where(idx == node, par, 0))
     first_sibling = tl.min(tl.where((idx > 0) & (par == parent), idx, NP2_T))
     if (node < length) & ((node == 0) | (first_sibling != node)):
@@ -99,9 +105,9 @@ def ddtree_gdn_tree_verify_kernel(
             if slot >= 0:
                 b_h += tl.load(h0_source + slot * stride_h0_source + tile, mask=mask_h, other=0).to(tl.float32)
         else:
-            # A parent at or after the node (never in a tree SGLang builds) is not waited for: a
-            # bad input gives wrong states, not a hung GPU.
-            published = tl.where(parent >= node, 1, tl.atomic_add(flags + parent * ITEMS, 0, sem="acquire", scope="gpu"))
+            # One thread polls (Triton shares a scalar atomic's result through shared memory), and
+            # the state is read through L2 (.cg), where the parent's program published it.
+            published = tl.atomic_add(flags + parent * ITEMS, 0, sem="acquire", scope="gpu")
             while published == 0:
                 published = tl.atomic_add(flags + parent * ITEMS, 0, sem="acquire", scope="gpu")
             if cache_idx >= 0:
@@ -121,7 +127,7 @@ def ddtree_gdn_tree_verify_kernel(
                 stored = b_h.to(states.dtype.element_ty)
                 tl.store(node_states + t * HV * K * V + tile, stored, mask=mask_h)
                 b_h = stored.to(tl.float32)  # the child starts from the stored state, as SGLang's reload
-            tl.debug_barrier()
+            tl.debug_barrier()  # every thread's stores before the one thread's release (Triton adds none)
             tl.atomic_xchg(flags + t * ITEMS, 1, sem="release", scope="gpu")
             t = tl.min(tl.where((idx > 0) & (par == t), idx, NP2_T))  # the first child; NP2_T at a leaf
 
@@ -177,8 +183,7 @@ def ddtree_gdn_tree_verify(
     HV, V = v.shape[2], v.shape[3]
     N = cu_seqlens.numel() - 1
     steps = intermediate_states_buffer.shape[1]
-    BK, BV = triton.next_power_of_2(K), min(triton.next_power_of_2(V), 32)
-    assert BK == K, "K must be a power of two"
+    BK, BV = triton.next_power_of_2(K), min(triton.next_power_of_2(V), 32)  # SGLang's blocks
     items = verify_items(N, HV, V)
     sync = torch.zeros((1 + steps) * items, dtype=torch.int32, device=q.device)
     o = q.new_empty(1, tokens, HV, V)
@@ -187,7 +192,7 @@ def ddtree_gdn_tree_verify(
         q, k, v, b, o,
         initial_state_source, initial_state_indices, initial_state_source.stride(0), cu_seqlens,
         intermediate_states_buffer, intermediate_state_indices, steps,
-        retrieve_parent_token, retrieve_parent_token.stride(0),
+        retrieve_parent_token, retrieve_parent_token.stride(0), retrieve_parent_token.stride(1),
         sync,
         K**-0.5 if scale is None else scale, tokens, a.stride(-2), q.stride(1), k.stride(1), v.stride(1), b.stride(-2),
         NP2_T=triton.next_power_of_2(steps), H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, ITEMS=items,
