@@ -210,6 +210,49 @@ def time_case(kernel: Callable[..., torch.Tensor], shapes: Shapes, width: int, t
     return statistics.median(times)
 
 
+def same_as_sglang(kernels: dict[str, Callable[..., torch.Tensor]], shapes: Shapes, width: int, device: str,
+                   dtype: torch.dtype, state_dtype: torch.dtype, replays: int) -> tuple[bool, int]:
+    """Whether rc.8's kernel gives SGLang's per-node states and outputs exactly (a different random
+    tree per request), and in how many of ``replays`` further calls (replays of one CUDA graph on
+    CUDA) it gave the same bytes again: a race between its programs would show as a change."""
+    g = torch.Generator().manual_seed(width + 7)
+    x = inputs(shapes, width, device, dtype, g)
+    trees = [random_parents(width, shapes.chain - 1, g) for _ in range(shapes.requests)]
+    links = torch.tensor(trees, dtype=torch.int32, device=device).clamp(min=0)
+    shape = (shapes.requests, width, shapes.value_heads, shapes.head_dim, shapes.head_dim)
+    states = {name: torch.zeros(shape, device=device, dtype=state_dtype) for name in kernels}
+    outputs = {name: run_kernel(kernel, x, width, links, states[name]) for name, kernel in kernels.items()}
+    equal = torch.equal(states["sglang"], states["ddtree"]) and torch.equal(outputs["sglang"], outputs["ddtree"])
+    again = torch.zeros_like(states["ddtree"])
+    call = lambda: run_kernel(kernels["ddtree"], x, width, links, again)  # noqa: E731
+    if device == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = call()
+        call = lambda: (graph.replay(), replayed)[1]  # noqa: E731
+    same = 0
+    for _ in range(replays):
+        again.zero_()
+        out = call()
+        same += int(torch.equal(again, states["ddtree"]) and torch.equal(out, outputs["ddtree"]))
+    return equal, same
+
+
+def check_equal(kernels: dict[str, Callable[..., torch.Tensor]], shapes: Shapes, budgets: list[int], device: str,
+                dtype: torch.dtype, replays: int) -> int:
+    """``--equal``: every budget, both state dtypes; the exit status (1 if anything differed)."""
+    if "ddtree" not in kernels:
+        raise SystemExit("gdn_tree_verify.py: --equal needs --ddtree-kernel-file (the kernel to check)")
+    failed = False
+    for budget in budgets:
+        for state_dtype in (torch.float32, torch.bfloat16):
+            equal, same = same_as_sglang(kernels, shapes, budget + 1, device, dtype, state_dtype, replays)
+            failed |= not equal or same != replays
+            print(f"budget {budget}, {shapes.requests} requests, {state_dtype} states: "
+                  f"{'equal' if equal else 'DIFFERENT'} to SGLang's; {same}/{replays} replays the same")
+    return int(failed)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -220,6 +263,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--shapes", choices=["qwen3.6-27b", "copy-hybrid"], default="qwen3.6-27b")
     parser.add_argument("--small", action="store_true", help="tiny shapes (Triton's interpreter on the CPU)")
+    parser.add_argument("--equal", type=int, metavar="REPLAYS",
+                        help="no timing: check rc.8's kernel against SGLang's bit for bit (float32 and bfloat16 "
+                             "states) and over REPLAYS replays; exit 1 on any difference")
     args = parser.parse_args()
     kernels = {"sglang": load_kernel(args.kernel_file)}
     if args.ddtree_kernel_file:
@@ -228,6 +274,8 @@ def main() -> None:
     shapes = SMALL if args.small else dataclasses.replace(base, requests=args.requests)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     budgets = [int(b) for b in args.budgets.split(",")]
+    if args.equal is not None:
+        raise SystemExit(check_equal(kernels, shapes, budgets, args.device, dtype, args.equal))
     check_width = min(budgets) + 1
     check_tree = random_parents(check_width, shapes.chain - 1, torch.Generator().manual_seed(1))
     for name, kernel in kernels.items():

@@ -83,6 +83,23 @@ def test_a_parent_that_is_not_an_earlier_node_returns(results: dict[str, dict[st
     assert results["bad_parent"]["returned"].item() is True
 
 
+def test_the_benchs_equality_check_passes_in_the_interpreter(tmp_path: Path) -> None:
+    """``bench/gdn_tree_verify.py --equal``, the check the next GPU run makes first, on tiny shapes:
+    both state dtypes, two budgets, each call repeated."""
+    from ddtree_deploy.catalog import load_overlay
+    from tests.ddtree.conftest import OVERLAYS
+
+    kernel = tmp_path / "ddtree_gdn.py"
+    kernel.write_bytes(load_overlay(RC8, OVERLAYS).content_of(KERNEL, None))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    child = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--small", "--budgets", "8,12", "--equal", "2",
+                            "--kernel-file", str(pristine_release(BASE) / SGLANG_KERNEL), "--ddtree-kernel-file", str(kernel)],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr[-3000:]
+    lines = child.stdout.splitlines()
+    assert len(lines) == 4 and all("equal to SGLang's; 2/2 replays the same" in line for line in lines)
+
+
 # --------------------------------------------------------------------------- which kernel a verify gets
 GDN_DDTREE = "sglang/srt/layers/attention/linear/kernels/gdn_ddtree.py"
 
