@@ -57,7 +57,7 @@ def _gdn_step(b_h, p_q, p_k, p_v, p_b, p_a, b_A_log, b_dt_bias, mask_k, mask_v, 
     return b_h, b_o
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit
 def ddtree_gdn_tree_verify_kernel(
     A_log, a, dt_bias, softplus_beta, softplus_threshold,
     q, k, v, b, o,
@@ -65,7 +65,7 @@ def ddtree_gdn_tree_verify_kernel(
     states, state_indices, cache_steps,
     parents, stride_parents_seq, stride_parents_token,
     sync,
-    scale, T, stride_a, stride_q, stride_k, stride_v, stride_b,
+    scale, stride_a, stride_q, stride_k, stride_v, stride_b,
     NP2_T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, ITEMS,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
@@ -88,8 +88,8 @@ def ddtree_gdn_tree_verify_kernel(
     par = tl.load(parents + i_n * stride_parents_seq + idx * stride_parents_token, mask=in_row, other=-1)
     par = tl.where(in_row & ((par < 0) | (par >= idx)), 0, par)  # see the module docstring
     parent = tl.sum(tl.where(idx == node, par, 0))
-    first_sibling = tl.min(tl.where((idx > 0) & (par == parent), idx, NP2_T))
-    if (node < length) & ((node == 0) | (first_sibling != node)):
+    first_child_of_parent = tl.min(tl.where((idx > 0) & (par == parent), idx, NP2_T))
+    if (node < length) & ((node == 0) | (first_child_of_parent != node)):
         o_k = tl.arange(0, BK)
         o_v = i_v * BV + tl.arange(0, BV)
         mask_k = o_k < K
@@ -194,7 +194,7 @@ def ddtree_gdn_tree_verify(
         intermediate_states_buffer, intermediate_state_indices, steps,
         retrieve_parent_token, retrieve_parent_token.stride(0), retrieve_parent_token.stride(1),
         sync,
-        K**-0.5 if scale is None else scale, tokens, a.stride(-2), q.stride(1), k.stride(1), v.stride(1), b.stride(-2),
+        K**-0.5 if scale is None else scale, a.stride(-2), q.stride(1), k.stride(1), v.stride(1), b.stride(-2),
         NP2_T=triton.next_power_of_2(steps), H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, ITEMS=items,
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         num_warps=1, num_stages=3,
