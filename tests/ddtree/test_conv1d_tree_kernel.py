@@ -1,0 +1,180 @@
+"""Overlay ddtree 0.3.0-rc.9's tree conv1d (``ddtree_conv1d_update``) against SGLang 0.5.17's own tree
+mode of ``causal_conv1d_update``, both on the CPU through Triton's interpreter in a child process.
+
+rc.9 handles every node of a tree at once where SGLang's kernel walks them in turn, so everything the
+verify reads afterwards must be SGLang's bit for bit: the outputs, each node's conv window (what the
+commit copies), the parents it derives from the links (what the GDN recurrence reads next) and the
+rolled conv state. The trees are DDTree's own (``build_ddtree_batch`` and ``tree_links``, one with
+padding nodes), random deep ones, a padded batch row, float32 and float16 (the interpreter computes
+bfloat16 wrongly for both kernels alike; the GPU run checks it). What rc.9 does not cover (a chain,
+more than 512 nodes, mixed dtypes) must reach SGLang's kernel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from ddtree_deploy.pristine import pristine_release
+from tests.ddtree.test_hybrid_links import trees
+from tests.overlay.plan_digests import BASE
+
+RC9 = "ddtree@0.3.0-rc.9"
+KERNEL = "sglang/kernels/ops/speculative/ddtree_conv1d.py"
+SGLANG_KERNEL = "sglang/kernels/ops/mamba/causal_conv1d_triton.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench/conv1d_tree_verify.py"
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, dd: ModuleType) -> dict[str, object]:
+    from ddtree_deploy.catalog import load_overlay
+    from tests.ddtree.conftest import OVERLAYS
+
+    work = tmp_path_factory.mktemp("conv1d")
+    (work / "ddtree_conv1d.py").write_bytes(load_overlay(RC9, OVERLAYS).content_of(KERNEL, None))
+    saved = {}
+    for budget in (16, 64):
+        tree = trees(dd, budget, 3, depth=5)  # the masked row (2 tokens a depth) has padding at 64
+        _, next_token, next_sibling = dd.tree_links(tree)
+        saved[budget] = {"next": next_token, "sib": next_sibling, "parents": tree.parents, "nodes": tree.num_nodes}
+    torch.save(saved, work / "trees.pt")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BENCH.parents[1])}
+    child = subprocess.run([sys.executable, __file__, str(work), str(pristine_release(BASE) / SGLANG_KERNEL)], env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr[-4000:]
+    return torch.load(work / "results.pt")
+
+
+@pytest.mark.parametrize("budget", [16, 64])
+def test_ddtree_trees_give_sglangs_results_bit_for_bit(results: dict[str, object], budget: int) -> None:
+    got = results[f"ddtree{budget}"]
+    assert got["equal"] == [True, True, True, True]  # outputs, conv state, windows, parents
+    assert torch.equal(got["parents"], got["tree_parents"].clamp(min=0)), "the tree's own parents, padding at the root"
+
+
+def test_the_masked_tree_has_padding_nodes(results: dict[str, object]) -> None:
+    nodes = results["ddtree64"]["nodes"]
+    assert int(nodes.min()) < 64 == int(nodes.max())
+
+
+@pytest.mark.parametrize("case", ["random_fp32", "random_fp16", "deep_fp32", "one_request", "wide_fp32"])
+def test_random_trees_and_a_padded_row_give_sglangs_results(results: dict[str, object], case: str) -> None:
+    equal, same = results[case]
+    assert equal and same == 2
+
+
+def test_a_planted_fault_is_seen(results: dict[str, object]) -> None:
+    """The comparison can fail: a kernel whose every other window is off by one is told apart."""
+    assert results["fault"] is False
+
+
+def test_what_rc9_does_not_cover_reaches_sglangs_kernel(results: dict[str, object]) -> None:
+    assert results["dispatch"] == {"tree": "ours", "chain": "sglang", "513 nodes": "sglang", "mixed dtypes": "sglang"}
+
+
+def test_the_bench_checks_equality_in_the_interpreter(results: dict[str, object]) -> None:
+    assert results["bench_status"] == 0
+    lines = results["bench_lines"]
+    assert len(lines) == 2 and all("equal to SGLang's; 2/2 replays the same" in line for line in lines)
+
+
+# --------------------------------------------------------------------------- the child process
+def _load(path: Path | str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sglang_kernel(path: str) -> ModuleType:
+    """SGLang's kernel file under its own module name. Its one sglang import asks the GPU whether it
+    can launch dependent kernels early; here a stand-in (test only) answers no."""
+    for name in ("sglang", "sglang.kernels", "sglang.kernels.jit", "sglang.kernels.ops", "sglang.kernels.ops.mamba"):
+        sys.modules.setdefault(name, ModuleType(name))
+    jit = ModuleType("sglang.kernels.jit.utils")
+    jit.is_arch_support_pdl = lambda: False  # type: ignore[attr-defined]
+    sys.modules[jit.__name__] = jit
+    return _load(path, "sglang.kernels.ops.mamba.causal_conv1d_triton")
+
+
+def _ddtree_case(bench: ModuleType, sglang: ModuleType, ours: ModuleType, saved: dict) -> dict[str, object]:
+    requests, width = saved["next"].shape
+    case = bench.Case(40, requests, width, True, "cpu", torch.float32, seed=width)
+    case.next_token, case.next_sibling = saved["next"].to(torch.int32), saved["sib"].to(torch.int32)
+    theirs, mine = case.clone(), case.clone()
+    want = theirs.results(theirs.call(sglang.causal_conv1d_update))
+    got = mine.results(mine.call(ours.ddtree_conv1d_update))
+    return {"equal": [torch.equal(a, b) for a, b in zip(want, got, strict=True)], "parents": got[3],
+            "tree_parents": saved["parents"].to(torch.int32), "nodes": saved["nodes"]}
+
+
+def _dispatch(bench: ModuleType, ours: ModuleType) -> dict[str, str]:
+    reached: list[str] = []
+    real = ours.causal_conv1d_update
+    ours.causal_conv1d_update = lambda *a, **k: (reached.append("sglang"), real(*a, **k))[1]
+    kernel = ours._ddtree_conv1d_tree_kernel
+    ours._ddtree_conv1d_tree_kernel = type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **k: (reached.append("ours"), kernel[grid](*a, **k)))})()
+    found = {}
+    for name, case in {
+        "tree": bench.Case(8, 1, 17, True, "cpu", torch.float32, 1),
+        "chain": bench.Case(8, 1, 9, False, "cpu", torch.float32, 1),
+        "513 nodes": bench.Case(8, 1, 513, True, "cpu", torch.float32, 1),
+        "mixed dtypes": bench.Case(8, 1, 17, True, "cpu", torch.float32, 1),
+    }.items():
+        if name == "mixed dtypes":
+            case.conv_state = case.conv_state.half()
+            case.inter = case.inter.half()
+        reached.clear()
+        case.call(ours.ddtree_conv1d_update)
+        found[name] = reached[-1]
+    ours.causal_conv1d_update, ours._ddtree_conv1d_tree_kernel = real, kernel
+    return found
+
+
+def _run(work: Path, sglang_file: str) -> None:
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    torch.set_num_threads(1)
+    sglang = _sglang_kernel(sglang_file)
+    bench = _load(BENCH, "conv1d_tree_verify")
+    ours = _load(work / "ddtree_conv1d.py", "rc9_ddtree_conv1d")
+    saved = torch.load(work / "trees.pt")
+    theirs, mine = sglang.causal_conv1d_update, ours.ddtree_conv1d_update
+    results: dict[str, object] = {f"ddtree{b}": _ddtree_case(bench, sglang, ours, saved[b]) for b in (16, 64)}
+    results.update({
+        "random_fp32": bench.same_as_sglang(theirs, mine, 40, 3, 33, "cpu", torch.float32, 2),
+        "random_fp16": bench.same_as_sglang(theirs, mine, 40, 3, 65, "cpu", torch.float16, 2),
+        "deep_fp32": bench.same_as_sglang(theirs, mine, 24, 2, 20, "cpu", torch.float32, 2),
+        "one_request": bench.same_as_sglang(theirs, mine, 24, 1, 9, "cpu", torch.float32, 2),
+        "wide_fp32": bench.same_as_sglang(theirs, mine, 300, 2, 17, "cpu", torch.float32, 2),  # channel blocks
+    })
+
+    def off_by_one(*args: object, **kwargs: object) -> torch.Tensor:
+        out = mine(*args, **kwargs)
+        kwargs["intermediate_conv_window"][:, ::2] += 1  # type: ignore[index]
+        return out
+
+    results["fault"] = bench.same_as_sglang(theirs, off_by_one, 24, 2, 17, "cpu", torch.float32, 0)[0]
+    results["dispatch"] = _dispatch(bench, ours)
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = bench.main(["--device", "cpu", "--ddtree-file", str(work / "ddtree_conv1d.py"), "--shapes", "small",
+                             "--budgets", "8,12", "--requests", "2", "--equal", "2", "--no-timing"])
+    results["bench_status"], results["bench_lines"] = status, printed.getvalue().splitlines()
+    torch.save(results, work / "results.pt")
+
+
+if __name__ == "__main__":
+    _run(Path(sys.argv[1]), sys.argv[2])
