@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -75,8 +75,30 @@ def test_a_planted_fault_is_seen(results: dict[str, object]) -> None:
     assert results["fault"] is False
 
 
-def test_what_rc9_does_not_cover_reaches_sglangs_kernel(results: dict[str, object]) -> None:
-    assert results["dispatch"] == {"tree": "ours", "chain": "sglang", "513 nodes": "sglang", "mixed dtypes": "sglang"}
+def test_a_server_takes_rc9s_kernel_only_where_it_was_measured_faster(results: dict[str, object]) -> None:
+    assert results["dispatch"] == {"65 nodes": "ours", "128 nodes": "ours", "17 nodes": "sglang", "129 nodes": "sglang",
+                                   "chain": "sglang", "mixed dtypes": "sglang"}
+
+
+@pytest.mark.parametrize(("requests", "dim", "nodes", "pays"), [
+    (1, 512, 65, True),      # the copy hybrid at budget 64: 3.4x faster (run 24)
+    (4, 512, 65, True),      # and at 4 requests: 3.5x
+    (1, 10240, 65, True),    # one Qwen3.6-27B request: 1.2x (320 programs)
+    (4, 10240, 65, False),   # four: 0.5x (1,280 programs)
+    (1, 512, 17, False),     # budget 16: 0.7x
+    (1, 512, 257, False),    # budget 256: not measured
+])
+def test_the_rule_follows_run_24(requests: int, dim: int, nodes: int, pays: bool) -> None:
+    from ddtree_deploy.catalog import load_overlay
+    from tests.ddtree.conftest import OVERLAYS
+
+    source = load_overlay(RC9, OVERLAYS).content_of(KERNEL, None).decode()
+    limits = source[source.index("MIN_TREE_NODES, MAX"):].splitlines()[0]  # the rule without the kernels
+    rule = limits + "\n" + source[source.index("def tile_width"):source.index("def ddtree_conv1d_update")]
+    namespace: dict[str, object] = {"triton": SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length(),
+                                                              cdiv=lambda a, b: -(-a // b))}
+    exec(rule, namespace)
+    assert namespace["tree_conv_pays"](requests, dim, nodes) is pays
 
 
 def test_the_bench_checks_equality_in_the_interpreter(results: dict[str, object]) -> None:
@@ -112,7 +134,7 @@ def _ddtree_case(bench: ModuleType, sglang: ModuleType, ours: ModuleType, saved:
     case.next_token, case.next_sibling = saved["next"].to(torch.int32), saved["sib"].to(torch.int32)
     theirs, mine = case.clone(), case.clone()
     want = theirs.results(theirs.call(sglang.causal_conv1d_update))
-    got = mine.results(mine.call(ours.ddtree_conv1d_update))
+    got = mine.results(mine.call(ours.ddtree_conv1d_tree))
     return {"equal": [torch.equal(a, b) for a, b in zip(want, got, strict=True)], "parents": got[3],
             "tree_parents": saved["parents"].to(torch.int32), "nodes": saved["nodes"]}
 
@@ -126,10 +148,12 @@ def _dispatch(bench: ModuleType, ours: ModuleType) -> dict[str, str]:
         lambda *a, **k: (reached.append("ours"), kernel[grid](*a, **k)))})()
     found = {}
     for name, case in {
-        "tree": bench.Case(8, 1, 17, True, "cpu", torch.float32, 1),
+        "65 nodes": bench.Case(8, 2, 65, True, "cpu", torch.float32, 1),
+        "128 nodes": bench.Case(8, 1, 128, True, "cpu", torch.float32, 1),
+        "17 nodes": bench.Case(8, 1, 17, True, "cpu", torch.float32, 1),
+        "129 nodes": bench.Case(8, 1, 129, True, "cpu", torch.float32, 1),
         "chain": bench.Case(8, 1, 9, False, "cpu", torch.float32, 1),
-        "513 nodes": bench.Case(8, 1, 513, True, "cpu", torch.float32, 1),
-        "mixed dtypes": bench.Case(8, 1, 17, True, "cpu", torch.float32, 1),
+        "mixed dtypes": bench.Case(8, 1, 65, True, "cpu", torch.float32, 1),
     }.items():
         if name == "mixed dtypes":
             case.conv_state = case.conv_state.half()
@@ -148,7 +172,7 @@ def _run(work: Path, sglang_file: str) -> None:
     bench = _load(BENCH, "conv1d_tree_verify")
     ours = _load(work / "ddtree_conv1d.py", "rc9_ddtree_conv1d")
     saved = torch.load(work / "trees.pt")
-    theirs, mine = sglang.causal_conv1d_update, ours.ddtree_conv1d_update
+    theirs, mine = sglang.causal_conv1d_update, ours.ddtree_conv1d_tree
     results: dict[str, object] = {f"ddtree{b}": _ddtree_case(bench, sglang, ours, saved[b]) for b in (16, 64)}
     results.update({
         "random_fp32": bench.same_as_sglang(theirs, mine, 40, 3, 33, "cpu", torch.float32, 2),

@@ -24,9 +24,12 @@ import triton.language as tl
 
 from sglang.kernels.ops.mamba.causal_conv1d_triton import PAD_SLOT_ID, causal_conv1d_update
 
-# Past this many nodes (budget 511) the comparisons that invert the links cost more than SGLang's
-# walk saves; such trees keep SGLang's kernel.
-MAX_TREE_NODES = 512
+# Where run 24 measured this kernel faster than SGLang's (bench/conv1d_tree_verify.py, H200, bf16):
+# 65 nodes (budget 64), 3.4x on the copy hybrid (16 channel programs a request) and 1.2x for one
+# Qwen3.6-27B request (320), but 0.5x for four 27B requests (1,280 programs: each derives the
+# parents again) and 0.7x at 17 nodes, where SGLang's walk is short. Its cost is set by the tile,
+# a power of two, so 65-128 nodes cost what 65 do, while SGLang's walk grows with every node.
+MIN_TREE_NODES, MAX_TREE_NODES, MAX_PROGRAMS = 65, 128, 320
 
 
 @triton.jit
@@ -153,6 +156,17 @@ def _ddtree_conv1d_tree_kernel(
     tl.store(o_ptrs, acc, tile_ok)
 
 
+def tile_width(nodes: int) -> int:
+    """Channels a program takes: its tile of nodes x channels holds about 4,096 values."""
+    return max(8, min(128, 4096 // triton.next_power_of_2(nodes)))
+
+
+def tree_conv_pays(requests: int, dim: int, nodes: int) -> bool:
+    """Whether this kernel was measured faster than SGLang's tree mode at these shapes."""
+    programs = requests * triton.cdiv(dim, tile_width(nodes))
+    return MIN_TREE_NODES <= nodes <= MAX_TREE_NODES and programs <= MAX_PROGRAMS
+
+
 def ddtree_conv1d_update(
     x: torch.Tensor,
     conv_state: torch.Tensor,
@@ -167,38 +181,62 @@ def ddtree_conv1d_update(
     retrieve_parent_token: Optional[torch.Tensor] = None,
     **kwargs,
 ) -> torch.Tensor:
-    """``causal_conv1d_update`` for a target verify (same arguments, same results): a tree of at
-    most ``MAX_TREE_NODES`` nodes takes this module's kernel; a chain (no links: DFLASH's grammar
-    fallback), a larger tree or arguments it does not cover take SGLang's.
+    """``causal_conv1d_update`` for a target verify (same arguments, same results): a tree at shapes
+    where ``tree_conv_pays`` takes ``ddtree_conv1d_tree``; a chain (no links: DFLASH's grammar
+    fallback), other shapes and arguments it does not cover take SGLang's kernel. The choice
+    depends on shapes only, so a CUDA graph captures one kernel per batch size.
 
     x: (batch, dim, nodes); conv_state: (cache lines, dim, state_len); weight: (dim, width).
     """
-    batch, dim, seqlen = x.shape if x.dim() == 3 else (x.shape[0], x.shape[1], 1)
-    width = weight.shape[1]
-    if isinstance(activation, bool):
-        activation = "silu" if activation else None
-    ours = (
+    covered = (
         retrieve_next_token is not None
         and conv_state_indices is not None
         and kwargs.get("cache_seqlens") is None
         and kwargs.get("num_accept_tokens") is None
         and x.dim() == 3
         and x.dtype == conv_state.dtype
-        and 2 <= width <= 4
-        and conv_state.shape[-1] == width - 1
+        and 2 <= weight.shape[1] <= 4
+        and conv_state.shape[-1] == weight.shape[1] - 1
         and (intermediate_conv_window is None) == (intermediate_state_indices is None)
-        and seqlen <= MAX_TREE_NODES
     )
-    if not ours:
+    if not covered or not tree_conv_pays(x.shape[0], x.shape[1], x.shape[2]):
         return causal_conv1d_update(
             x, conv_state, weight, bias, activation, conv_state_indices=conv_state_indices,
             intermediate_conv_window=intermediate_conv_window, intermediate_state_indices=intermediate_state_indices,
             retrieve_next_token=retrieve_next_token, retrieve_next_sibling=retrieve_next_sibling,
             retrieve_parent_token=retrieve_parent_token, **kwargs,
         )
+    return ddtree_conv1d_tree(
+        x, conv_state, weight, bias, activation, conv_state_indices=conv_state_indices,
+        intermediate_conv_window=intermediate_conv_window, intermediate_state_indices=intermediate_state_indices,
+        retrieve_next_token=retrieve_next_token, retrieve_next_sibling=retrieve_next_sibling,
+        retrieve_parent_token=retrieve_parent_token, pad_slot_id=kwargs.get("pad_slot_id", PAD_SLOT_ID),
+    )
+
+
+def ddtree_conv1d_tree(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    activation: Union[bool, str, None],
+    *,
+    conv_state_indices: torch.Tensor,
+    intermediate_conv_window: Optional[torch.Tensor],
+    intermediate_state_indices: Optional[torch.Tensor],
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    retrieve_parent_token: torch.Tensor,
+    pad_slot_id: int = PAD_SLOT_ID,
+) -> torch.Tensor:
+    """This module's kernel at any tree size (what ``ddtree_conv1d_update`` covers, whatever it pays)."""
+    batch, dim, seqlen = x.shape
+    width = weight.shape[1]
+    if isinstance(activation, bool):
+        activation = "silu" if activation else None
     out = torch.empty_like(x)
     np2_seqlen = triton.next_power_of_2(seqlen)
-    block_n = max(8, min(128, 4096 // np2_seqlen))
+    block_n = tile_width(seqlen)
     inter = intermediate_conv_window if intermediate_conv_window is not None else x.new_empty((1, 1, 1, 1))
     inter_indices = intermediate_state_indices if intermediate_state_indices is not None else conv_state_indices
     _ddtree_conv1d_tree_kernel[(batch, triton.cdiv(dim, block_n))](
@@ -208,7 +246,7 @@ def ddtree_conv1d_update(
         *x.stride(), *weight.stride(), *conv_state.stride(), conv_state_indices.stride(0),
         *inter.stride(), inter_indices.stride(0), *retrieve_next_token.stride(), *retrieve_next_sibling.stride(),
         *retrieve_parent_token.stride(), *out.stride(),
-        pad_slot_id=kwargs.get("pad_slot_id", PAD_SLOT_ID),
+        pad_slot_id=pad_slot_id,
         HAS_BIAS=bias is not None,
         KERNEL_WIDTH=width,
         SILU_ACTIVATION=activation in ("silu", "swish"),
