@@ -1,22 +1,26 @@
 """Benchmark: a GatedDeltaNet layer's causal conv1d in a tree verify. SGLang 0.5.17's tree mode of
-``causal_conv1d_update`` against overlay ddtree 0.3.0-rc.9's ``ddtree_conv1d_update``, with
+``causal_conv1d_update`` against overlay ddtree's ``ddtree_conv1d_tree`` (0.3.0-rc.9 and later), with
 SGLang's chain (DFLASH's verify over the draft block) as the baseline.
 
 SGLang's tree mode derives the parents from the links and walks each node's ancestors one node
 after another; run 23's profile found it the largest kernel of a DDTREE@64 round on the copy
-hybrid (66 us a launch, 13x the chain's). rc.9 handles every node at once. Before timing, each
-budget checks rc.9's results against SGLang's bit for bit (outputs, per-node windows, derived
+hybrid (66 us a launch, 13x the chain's). Ours handles every node at once; from rc.10 it derives
+the parents once a forward (the first GDN layer) and every later layer reads them
+(``--parents-ready``, and the "later layer" time). Before timing, each budget checks our results
+against SGLang's bit for bit (outputs, per-node windows, derived
 parents, the rolled conv state; a different DDTree-shaped tree per request, and one padded
 request) and over ``--equal`` replays of one CUDA graph. Times are CUDA-event medians of
 ``--repeats`` replays of a CUDA graph holding one call, as the server runs it.
 
-    PYTHONPATH=/tmp/site python bench/conv1d_tree_verify.py --ddtree-file overlays/ddtree/0.3.0-rc.9/files/sglang/kernels/ops/speculative/ddtree_conv1d.py
+    ddtree-deploy overlay export ddtree@0.3.0-rc.10 /tmp/rc10
+    PYTHONPATH=/tmp/site python bench/conv1d_tree_verify.py --ddtree-file /tmp/rc10/files/sglang/kernels/ops/speculative/ddtree_conv1d.py
     ... --shapes copy-hybrid --requests 4
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import statistics
@@ -33,7 +37,7 @@ WIDTH = 4  # the conv kernel of every GDN layer
 
 
 def load_ddtree(path: str) -> ModuleType:
-    """rc.9's ``ddtree_conv1d.py`` from a file (it imports SGLang's kernel module by name)."""
+    """Our ``ddtree_conv1d.py`` from a file (it imports SGLang's kernel module by name)."""
     spec = importlib.util.spec_from_file_location("ddtree_conv1d", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -122,11 +126,16 @@ def graphed(call: Callable[[], torch.Tensor], device: str) -> Callable[[], torch
 
 
 def same_as_sglang(sglang: Callable, ours: Callable, dim: int, requests: int, width: int, device: str,
-                   dtype: torch.dtype, replays: int) -> tuple[bool, int]:
-    """Whether rc.9 gives SGLang's results exactly, and in how many of ``replays`` replays again."""
+                   dtype: torch.dtype, replays: int, parents_ready: bool = False) -> tuple[bool, int]:
+    """Whether ours gives SGLang's results exactly, and in how many of ``replays`` replays again;
+    with ``parents_ready``, as a later layer: the parents already there (SGLang's)."""
     case = Case(dim, requests, width, True, device, dtype, seed=width + requests, padded=requests > 1)
     theirs, mine = case.clone(), case.clone()
     want = theirs.results(theirs.call(sglang))
+    if parents_ready:
+        case.parents.copy_(theirs.parents)
+        mine.parents.copy_(theirs.parents)
+        ours = functools.partial(ours, parents_ready=True)
     equal = all(torch.equal(a, b) for a, b in zip(want, mine.results(mine.call(ours)), strict=True))
     again = case.clone()
     run = graphed(lambda: again.call(ours), device)
@@ -160,7 +169,7 @@ def median_ms(kernel: Callable, case: Case, device: str, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--ddtree-file", required=True, help="rc.9's ddtree_conv1d.py")
+    parser.add_argument("--ddtree-file", required=True, help="the overlay's ddtree_conv1d.py (rc.10 or later)")
     parser.add_argument("--shapes", choices=sorted(SHAPES), default="qwen3.6-27b")
     parser.add_argument("--budgets", default="16,64,256")
     parser.add_argument("--requests", type=int, default=1)
@@ -175,10 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     failed = False
     for budget in (int(b) for b in args.budgets.split(",")):
-        equal, same = same_as_sglang(sglang, ours, dim, args.requests, budget + 1, args.device, dtype, args.equal)
-        failed |= not equal or same != args.equal
-        print(f"budget {budget}, {args.requests} requests, {dtype}: {'equal' if equal else 'DIFFERENT'} to "
-              f"SGLang's; {same}/{args.equal} replays the same")
+        for ready in (False, True):
+            equal, same = same_as_sglang(sglang, ours, dim, args.requests, budget + 1, args.device, dtype,
+                                         args.equal, parents_ready=ready)
+            failed |= not equal or same != args.equal
+            print(f"budget {budget}, {args.requests} requests, {dtype}{', parents ready' if ready else ''}: "
+                  f"{'equal' if equal else 'DIFFERENT'} to SGLang's; {same}/{args.equal} replays the same")
     if args.no_timing or failed:
         return int(failed)
     base = median_ms(sglang, Case(dim, args.requests, chain, False, args.device, dtype, 0), args.device, args.repeats)
@@ -187,11 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  chain of {chain} (DFLASH's verify, SGLang's kernel): {base * 1e3:.1f} us, a round {base * layers:.3f} ms")
     for budget in (int(b) for b in args.budgets.split(",")):
         case = Case(dim, args.requests, budget + 1, True, args.device, dtype, budget)
-        theirs, mine = (median_ms(k, case.clone(), args.device, args.repeats) for k in (sglang, ours))
+        theirs, first = (median_ms(k, case.clone(), args.device, args.repeats) for k in (sglang, ours))
+        later_case = case.clone()
+        later_case.call(ours)  # the first layer's parents
+        later = median_ms(functools.partial(ours, parents_ready=True), later_case, args.device, args.repeats)
+        mine = (first + (layers - 1) * later) / layers  # a layer's share of a round
         print(f"  tree of {budget + 1} (budget {budget}): SGLang {theirs * 1e3:.1f} us ({theirs / base:.2f}x the "
-              f"chain), rc.9 {mine * 1e3:.1f} us ({mine / base:.2f}x the chain; {theirs / mine:.2f}x faster), "
-              f"a round {theirs * layers:.3f} -> {mine * layers:.3f} ms; a DDTREE server takes "
-              f"{'rc.9' if module.tree_conv_pays(args.requests, dim, budget + 1) else 'SGLang'}'s")
+              f"chain); ours {first * 1e3:.1f} us the first layer, {later * 1e3:.1f} us a later one ({mine / base:.2f}x "
+              f"the chain a layer; {theirs / mine:.2f}x faster), a round {theirs * layers:.3f} -> {mine * layers:.3f} "
+              f"ms; a DDTREE server takes "
+              f"{'ours' if module.tree_conv_pays(args.requests, dim, budget + 1) else 'SGLang'}'s")
     return 0
 
 

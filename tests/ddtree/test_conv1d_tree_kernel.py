@@ -1,21 +1,24 @@
-"""Overlay ddtree 0.3.0-rc.9's tree conv1d (``ddtree_conv1d_update``) against SGLang 0.5.17's own tree
+"""Overlay ddtree's tree conv1d (``ddtree_conv1d_update``, 0.3.0-rc.10's bytes) against SGLang 0.5.17's own tree
 mode of ``causal_conv1d_update``, both on the CPU through Triton's interpreter in a child process.
 
-rc.9 handles every node of a tree at once where SGLang's kernel walks them in turn, so everything the
+It handles every node of a tree at once where SGLang's kernel walks them in turn, so everything the
 verify reads afterwards must be SGLang's bit for bit: the outputs, each node's conv window (what the
 commit copies), the parents it derives from the links (what the GDN recurrence reads next) and the
-rolled conv state. The trees are DDTree's own (``build_ddtree_batch`` and ``tree_links``, one with
+rolled conv state; and a later layer, which reads the first layer's parents, must read them (a
+later layer given wrong parents is told apart). The trees are DDTree's own (``build_ddtree_batch`` and ``tree_links``, one with
 padding nodes), random deep ones, a padded batch row, float32 and float16 (the interpreter computes
-bfloat16 wrongly for both kernels alike; the GPU run checks it). What rc.9 does not cover (a chain,
+bfloat16 wrongly for both kernels alike; the GPU run checks it). What it does not cover (a chain,
 more than 512 nodes, mixed dtypes) must reach SGLang's kernel.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -26,7 +29,7 @@ from ddtree_deploy.pristine import pristine_release
 from tests.ddtree.test_hybrid_links import trees
 from tests.overlay.plan_digests import BASE
 
-RC9 = "ddtree@0.3.0-rc.9"
+RC = "ddtree@0.3.0-rc.10"
 KERNEL = "sglang/kernels/ops/speculative/ddtree_conv1d.py"
 SGLANG_KERNEL = "sglang/kernels/ops/mamba/causal_conv1d_triton.py"
 BENCH = Path(__file__).resolve().parents[2] / "bench/conv1d_tree_verify.py"
@@ -38,7 +41,7 @@ def results(tmp_path_factory: pytest.TempPathFactory, dd: ModuleType) -> dict[st
     from tests.ddtree.conftest import OVERLAYS
 
     work = tmp_path_factory.mktemp("conv1d")
-    (work / "ddtree_conv1d.py").write_bytes(load_overlay(RC9, OVERLAYS).content_of(KERNEL, None))
+    (work / "ddtree_conv1d.py").write_bytes(load_overlay(RC, OVERLAYS).content_of(KERNEL, None))
     saved = {}
     for budget in (16, 64):
         tree = trees(dd, budget, 3, depth=5)  # the masked row (2 tokens a depth) has padding at 64
@@ -64,7 +67,8 @@ def test_the_masked_tree_has_padding_nodes(results: dict[str, object]) -> None:
     assert int(nodes.min()) < 64 == int(nodes.max())
 
 
-@pytest.mark.parametrize("case", ["random_fp32", "random_fp16", "deep_fp32", "one_request", "wide_fp32"])
+@pytest.mark.parametrize("case", ["random_fp32", "random_fp16", "deep_fp32", "one_request", "wide_fp32",
+                                  "later_layer_fp32", "later_layer_fp16"])
 def test_random_trees_and_a_padded_row_give_sglangs_results(results: dict[str, object], case: str) -> None:
     equal, same = results[case]
     assert equal and same == 2
@@ -75,7 +79,12 @@ def test_a_planted_fault_is_seen(results: dict[str, object]) -> None:
     assert results["fault"] is False
 
 
-def test_a_server_takes_rc9s_kernel_only_where_it_was_measured_faster(results: dict[str, object]) -> None:
+def test_a_later_layer_reads_the_parents_it_is_given(results: dict[str, object]) -> None:
+    """Given wrong parents (as if no earlier layer had written them), its results differ."""
+    assert results["stale_parents"] is False
+
+
+def test_a_server_takes_our_kernel_only_where_it_was_measured_faster(results: dict[str, object]) -> None:
     assert results["dispatch"] == {"65 nodes": "ours", "128 nodes": "ours", "17 nodes": "sglang", "129 nodes": "sglang",
                                    "chain": "sglang", "mixed dtypes": "sglang"}
 
@@ -92,7 +101,7 @@ def test_the_rule_follows_run_24(requests: int, dim: int, nodes: int, pays: bool
     from ddtree_deploy.catalog import load_overlay
     from tests.ddtree.conftest import OVERLAYS
 
-    source = load_overlay(RC9, OVERLAYS).content_of(KERNEL, None).decode()
+    source = load_overlay(RC, OVERLAYS).content_of(KERNEL, None).decode()
     limits = source[source.index("MIN_TREE_NODES, MAX"):].splitlines()[0]  # the rule without the kernels
     rule = limits + "\n" + source[source.index("def tile_width"):source.index("def ddtree_conv1d_update")]
     namespace: dict[str, object] = {"triton": SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length(),
@@ -104,7 +113,8 @@ def test_the_rule_follows_run_24(requests: int, dim: int, nodes: int, pays: bool
 def test_the_bench_checks_equality_in_the_interpreter(results: dict[str, object]) -> None:
     assert results["bench_status"] == 0
     lines = results["bench_lines"]
-    assert len(lines) == 2 and all("equal to SGLang's; 2/2 replays the same" in line for line in lines)
+    assert len(lines) == 4 and all("equal to SGLang's; 2/2 replays the same" in line for line in lines)
+    assert sum("parents ready" in line for line in lines) == 2
 
 
 # --------------------------------------------------------------------------- the child process
@@ -139,6 +149,15 @@ def _ddtree_case(bench: ModuleType, sglang: ModuleType, ours: ModuleType, saved:
             "tree_parents": saved["parents"].to(torch.int32), "nodes": saved["nodes"]}
 
 
+def _later_layer_with_a_star(bench: ModuleType, sglang: Callable, ours: Callable) -> bool:
+    """A later layer handed every node under the root instead of its tree: are the outputs SGLang's?"""
+    case = bench.Case(24, 2, 17, True, "cpu", torch.float32, seed=3)
+    theirs, mine = case.clone(), case.clone()
+    want = theirs.call(sglang)
+    mine.parents.zero_()
+    return torch.equal(want, mine.call(functools.partial(ours, parents_ready=True)))
+
+
 def _dispatch(bench: ModuleType, ours: ModuleType) -> dict[str, str]:
     reached: list[str] = []
     real = ours.causal_conv1d_update
@@ -170,7 +189,7 @@ def _run(work: Path, sglang_file: str) -> None:
     torch.set_num_threads(1)
     sglang = _sglang_kernel(sglang_file)
     bench = _load(BENCH, "conv1d_tree_verify")
-    ours = _load(work / "ddtree_conv1d.py", "rc9_ddtree_conv1d")
+    ours = _load(work / "ddtree_conv1d.py", "ddtree_conv1d")
     saved = torch.load(work / "trees.pt")
     theirs, mine = sglang.causal_conv1d_update, ours.ddtree_conv1d_tree
     results: dict[str, object] = {f"ddtree{b}": _ddtree_case(bench, sglang, ours, saved[b]) for b in (16, 64)}
@@ -180,6 +199,9 @@ def _run(work: Path, sglang_file: str) -> None:
         "deep_fp32": bench.same_as_sglang(theirs, mine, 24, 2, 20, "cpu", torch.float32, 2),
         "one_request": bench.same_as_sglang(theirs, mine, 24, 1, 9, "cpu", torch.float32, 2),
         "wide_fp32": bench.same_as_sglang(theirs, mine, 300, 2, 17, "cpu", torch.float32, 2),  # channel blocks
+        "later_layer_fp32": bench.same_as_sglang(theirs, mine, 40, 3, 33, "cpu", torch.float32, 2, parents_ready=True),
+        "later_layer_fp16": bench.same_as_sglang(theirs, mine, 300, 2, 65, "cpu", torch.float16, 2,
+                                                 parents_ready=True),
     })
 
     def off_by_one(*args: object, **kwargs: object) -> torch.Tensor:
@@ -188,6 +210,7 @@ def _run(work: Path, sglang_file: str) -> None:
         return out
 
     results["fault"] = bench.same_as_sglang(theirs, off_by_one, 24, 2, 17, "cpu", torch.float32, 0)[0]
+    results["stale_parents"] = _later_layer_with_a_star(bench, theirs, mine)
     results["dispatch"] = _dispatch(bench, ours)
     import contextlib
     import io
