@@ -5,8 +5,8 @@ SGLang's chain (DFLASH's verify over the draft block) as the baseline.
 SGLang's tree mode derives the parents from the links and walks each node's ancestors one node
 after another; run 23's profile found it the largest kernel of a DDTREE@64 round on the copy
 hybrid (66 us a launch, 13x the chain's). Ours handles every node at once; from rc.10 it derives
-the parents once a forward (the first GDN layer) and every later layer reads them
-(``--parents-ready``, and the "later layer" time). Before timing, each budget checks our results
+the parents once a forward (the first GDN layer) and every later layer reads them, so each budget
+is checked and timed both ways (a first and a later layer). Before timing, each budget checks our results
 against SGLang's bit for bit (outputs, per-node windows, derived
 parents, the rolled conv state; a different DDTree-shaped tree per request, and one padded
 request) and over ``--equal`` replays of one CUDA graph. Times are CUDA-event medians of
