@@ -15,6 +15,7 @@ request) and over ``--equal`` replays of one CUDA graph. Times are CUDA-event me
     ddtree-deploy overlay export ddtree@0.3.0-rc.10 /tmp/rc10
     PYTHONPATH=/tmp/site python bench/conv1d_tree_verify.py --ddtree-file /tmp/rc10/files/sglang/kernels/ops/speculative/ddtree_conv1d.py
     ... --shapes copy-hybrid --requests 4
+    ... --configs 32x16x4,64x32x8   # rc.11 and later: our kernel at each tile config (channels x rows x warps)
 """
 
 from __future__ import annotations
@@ -166,6 +167,30 @@ def median_ms(kernel: Callable, case: Case, device: str, repeats: int) -> float:
     return statistics.median(times)
 
 
+def sweep(sglang: Callable, ours: Callable, args: argparse.Namespace, configs: list[tuple[int, ...]],
+          dtype: torch.dtype) -> int:
+    """Each budget's SGLang time, then each config's: equal to SGLang's (a first and a later layer,
+    ``--equal`` replays) and a later layer's median (a round is almost all later layers)."""
+    dim, _, _ = SHAPES[args.shapes]
+    failed = False
+    for budget in (int(b) for b in args.budgets.split(",")):
+        case = Case(dim, args.requests, budget + 1, True, args.device, dtype, budget)
+        theirs = median_ms(sglang, case.clone(), args.device, args.repeats)
+        print(f"{args.shapes}, {args.requests} requests, tree of {budget + 1}: SGLang {theirs * 1e3:.1f} us")
+        for config in configs:
+            kernel = functools.partial(ours, config=config)
+            checks = [same_as_sglang(sglang, kernel, dim, args.requests, budget + 1, args.device, dtype,
+                                     args.equal, parents_ready=ready) for ready in (False, True)]
+            ok = all(equal and same == args.equal for equal, same in checks)
+            failed |= not ok
+            later_case = case.clone()
+            later_case.call(kernel)
+            later = median_ms(functools.partial(kernel, parents_ready=True), later_case, args.device, args.repeats)
+            print(f"  {'x'.join(map(str, config))}: {later * 1e3:.1f} us a later layer ({theirs / later:.2f}x "
+                  f"SGLang's){'' if ok else ' DIFFERENT from SGLang'}")
+    return int(failed)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -176,12 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--equal", type=int, default=20, metavar="REPLAYS")
     parser.add_argument("--no-timing", action="store_true", help="the equality check only")
+    parser.add_argument("--configs", metavar="CHANNELSxROWSxWARPS,...",
+                        help="instead: check and time our kernel at each of these tile configs (rc.11 and later)")
     args = parser.parse_args(argv)
     sglang = importlib.import_module(SGLANG_MODULE).causal_conv1d_update
     module = load_ddtree(args.ddtree_file)
     ours = module.ddtree_conv1d_tree  # the kernel itself, whatever the server's rule would pick
     dim, layers, chain = SHAPES[args.shapes]
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    if args.configs:
+        configs = [tuple(int(n) for n in c.split("x")) for c in args.configs.split(",")]
+        return sweep(sglang, ours, args, configs, dtype)
     failed = False
     for budget in (int(b) for b in args.budgets.split(",")):
         for ready in (False, True):

@@ -1,11 +1,12 @@
-"""Overlay ddtree's tree conv1d (``ddtree_conv1d_update``, 0.3.0-rc.10's bytes) against SGLang 0.5.17's own tree
+"""Overlay ddtree's tree conv1d (``ddtree_conv1d_update``, 0.3.0-rc.11's bytes) against SGLang 0.5.17's own tree
 mode of ``causal_conv1d_update``, both on the CPU through Triton's interpreter in a child process.
 
 It handles every node of a tree at once where SGLang's kernel walks them in turn, so everything the
 verify reads afterwards must be SGLang's bit for bit: the outputs, each node's conv window (what the
 commit copies), the parents it derives from the links (what the GDN recurrence reads next) and the
 rolled conv state; and a later layer, which reads the first layer's parents, must read them (a
-later layer given wrong parents is told apart). The trees are DDTree's own (``build_ddtree_batch`` and ``tree_links``, one with
+later layer given wrong parents is told apart); and so must every tile config a bench may try (a
+program walking its nodes a chunk of rows at a time, more or fewer channels and warps). The trees are DDTree's own (``build_ddtree_batch`` and ``tree_links``, one with
 padding nodes), random deep ones, a padded batch row, float32 and float16 (the interpreter computes
 bfloat16 wrongly for both kernels alike; the GPU run checks it). What it does not cover (a chain,
 more than 512 nodes, mixed dtypes) must reach SGLang's kernel.
@@ -29,7 +30,7 @@ from ddtree_deploy.pristine import pristine_release
 from tests.ddtree.test_hybrid_links import trees
 from tests.overlay.plan_digests import BASE
 
-RC = "ddtree@0.3.0-rc.10"
+RC = "ddtree@0.3.0-rc.11"
 KERNEL = "sglang/kernels/ops/speculative/ddtree_conv1d.py"
 SGLANG_KERNEL = "sglang/kernels/ops/mamba/causal_conv1d_triton.py"
 BENCH = Path(__file__).resolve().parents[2] / "bench/conv1d_tree_verify.py"
@@ -68,7 +69,8 @@ def test_the_masked_tree_has_padding_nodes(results: dict[str, object]) -> None:
 
 
 @pytest.mark.parametrize("case", ["random_fp32", "random_fp16", "deep_fp32", "one_request", "wide_fp32",
-                                  "later_layer_fp32", "later_layer_fp16"])
+                                  "later_layer_fp32", "later_layer_fp16", "rows_of_8_fp32", "rows_of_16_later_fp16",
+                                  "rows_of_4_deep_fp32"])
 def test_random_trees_and_a_padded_row_give_sglangs_results(results: dict[str, object], case: str) -> None:
     equal, same = results[case]
     assert equal and same == 2
@@ -85,29 +87,43 @@ def test_a_later_layer_reads_the_parents_it_is_given(results: dict[str, object])
 
 
 def test_a_server_takes_our_kernel_only_where_it_was_measured_faster(results: dict[str, object]) -> None:
-    assert results["dispatch"] == {"65 nodes": "ours", "128 nodes": "ours", "17 nodes": "sglang", "129 nodes": "sglang",
-                                   "chain": "sglang", "mixed dtypes": "sglang"}
+    assert results["dispatch"] == {"33 nodes": "ours", "65 nodes": "ours", "128 nodes": "ours", "17 nodes": "sglang",
+                                   "129 nodes": "sglang", "chain": "sglang", "mixed dtypes": "sglang"}
 
 
 @pytest.mark.parametrize(("requests", "dim", "nodes", "pays"), [
-    (1, 512, 65, True),      # the copy hybrid at budget 64: 3.4x faster (run 24)
-    (4, 512, 65, True),      # and at 4 requests: 3.5x
-    (1, 10240, 65, True),    # one Qwen3.6-27B request: 1.2x (320 programs)
-    (4, 10240, 65, False),   # four: 0.5x (1,280 programs)
-    (1, 512, 17, False),     # budget 16: 0.7x
+    (1, 512, 33, True),      # the copy hybrid at budget 32: 2.0x faster (run 25; rc.10's rule left it out)
+    (4, 512, 33, True),      # and at 4 requests: 1.8x
+    (1, 512, 65, True),      # budget 64: 4.3x
+    (4, 512, 65, True),      # 3.8x
+    (1, 10240, 33, True),    # one Qwen3.6-27B request at budget 32: 1.15x (160 programs)
+    (1, 10240, 65, True),    # and at 64: 1.42x (320 programs)
+    (2, 10240, 33, False),   # two at 32: 0.73x
+    (2, 10240, 65, False),   # two at 64: 0.93x
+    (4, 10240, 65, False),   # four at 64: 0.58x (1,280 programs)
+    (1, 512, 17, False),     # budget 16: 0.67x
+    (4, 10240, 17, False),   # 0.39x
     (1, 512, 257, False),    # budget 256: not measured
 ])
-def test_the_rule_follows_run_24(requests: int, dim: int, nodes: int, pays: bool) -> None:
+def test_the_rule_follows_run_25(requests: int, dim: int, nodes: int, pays: bool) -> None:
     from ddtree_deploy.catalog import load_overlay
     from tests.ddtree.conftest import OVERLAYS
 
     source = load_overlay(RC, OVERLAYS).content_of(KERNEL, None).decode()
-    limits = source[source.index("MIN_TREE_NODES, MAX"):].splitlines()[0]  # the rule without the kernels
-    rule = limits + "\n" + source[source.index("def tile_width"):source.index("def ddtree_conv1d_update")]
+    costs = source[source.index("OURS_US, "):source.index("\n\n", source.index("MAX_TREE_NODES = "))]
+    rule = costs + "\n" + source[source.index("def tile_width"):source.index("def ddtree_conv1d_update")]
     namespace: dict[str, object] = {"triton": SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length(),
                                                               cdiv=lambda a, b: -(-a // b))}
     exec(rule, namespace)
     assert namespace["tree_conv_pays"](requests, dim, nodes) is pays
+
+
+def test_the_bench_sweeps_tile_configs_checked_against_sglang(results: dict[str, object]) -> None:
+    assert results["sweep_status"] == 0
+    header, *configs = results["sweep_lines"]
+    assert header.startswith("small, 2 requests, tree of 13: SGLang ")
+    assert [line.split(":")[0].strip() for line in configs] == ["8x4x2", "16x16x4"]
+    assert not any("DIFFERENT" in line for line in configs)
 
 
 def test_the_bench_checks_equality_in_the_interpreter(results: dict[str, object]) -> None:
@@ -167,6 +183,7 @@ def _dispatch(bench: ModuleType, ours: ModuleType) -> dict[str, str]:
         lambda *a, **k: (reached.append("ours"), kernel[grid](*a, **k)))})()
     found = {}
     for name, case in {
+        "33 nodes": bench.Case(8, 2, 33, True, "cpu", torch.float32, 1),
         "65 nodes": bench.Case(8, 2, 65, True, "cpu", torch.float32, 1),
         "128 nodes": bench.Case(8, 1, 128, True, "cpu", torch.float32, 1),
         "17 nodes": bench.Case(8, 1, 17, True, "cpu", torch.float32, 1),
@@ -202,6 +219,12 @@ def _run(work: Path, sglang_file: str) -> None:
         "later_layer_fp32": bench.same_as_sglang(theirs, mine, 40, 3, 33, "cpu", torch.float32, 2, parents_ready=True),
         "later_layer_fp16": bench.same_as_sglang(theirs, mine, 300, 2, 65, "cpu", torch.float16, 2,
                                                  parents_ready=True),
+        "rows_of_8_fp32": bench.same_as_sglang(theirs, functools.partial(mine, config=(8, 8, 2)), 40, 3, 33, "cpu",
+                                               torch.float32, 2),
+        "rows_of_16_later_fp16": bench.same_as_sglang(theirs, functools.partial(mine, config=(64, 16, 8)), 300, 2, 65,
+                                                      "cpu", torch.float16, 2, parents_ready=True),
+        "rows_of_4_deep_fp32": bench.same_as_sglang(theirs, functools.partial(mine, config=(16, 4, 4)), 24, 2, 20,
+                                                    "cpu", torch.float32, 2),
     })
 
     def off_by_one(*args: object, **kwargs: object) -> torch.Tensor:
@@ -220,6 +243,12 @@ def _run(work: Path, sglang_file: str) -> None:
         status = bench.main(["--device", "cpu", "--ddtree-file", str(work / "ddtree_conv1d.py"), "--shapes", "small",
                              "--budgets", "8,12", "--requests", "2", "--equal", "2", "--no-timing"])
     results["bench_status"], results["bench_lines"] = status, printed.getvalue().splitlines()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = bench.main(["--device", "cpu", "--ddtree-file", str(work / "ddtree_conv1d.py"), "--shapes", "small",
+                             "--budgets", "12", "--requests", "2", "--equal", "1", "--repeats", "1",
+                             "--configs", "8x4x2,16x16x4"])
+    results["sweep_status"], results["sweep_lines"] = status, printed.getvalue().splitlines()
     torch.save(results, work / "results.pt")
 
 
