@@ -15,7 +15,6 @@ more than 512 nodes, mixed dtypes) must reach SGLang's kernel.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import torch
 
 from ddtree_deploy.pristine import pristine_release
 from tests.ddtree.test_hybrid_links import trees
+from tests.ddtree.triton_cpu import load_module, sglang_conv_kernel
 from tests.overlay.plan_digests import BASE
 
 RC = "ddtree@0.3.0-rc.11"
@@ -134,26 +134,6 @@ def test_the_bench_checks_equality_in_the_interpreter(results: dict[str, object]
 
 
 # --------------------------------------------------------------------------- the child process
-def _load(path: Path | str, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _sglang_kernel(path: str) -> ModuleType:
-    """SGLang's kernel file under its own module name. Its one sglang import asks the GPU whether it
-    can launch dependent kernels early; here a stand-in (test only) answers no."""
-    for name in ("sglang", "sglang.kernels", "sglang.kernels.jit", "sglang.kernels.ops", "sglang.kernels.ops.mamba"):
-        sys.modules.setdefault(name, ModuleType(name))
-    jit = ModuleType("sglang.kernels.jit.utils")
-    jit.is_arch_support_pdl = lambda: False  # type: ignore[attr-defined]
-    sys.modules[jit.__name__] = jit
-    return _load(path, "sglang.kernels.ops.mamba.causal_conv1d_triton")
-
-
 def _ddtree_case(bench: ModuleType, sglang: ModuleType, ours: ModuleType, saved: dict) -> dict[str, object]:
     requests, width = saved["next"].shape
     case = bench.Case(40, requests, width, True, "cpu", torch.float32, seed=width)
@@ -204,9 +184,9 @@ def _dispatch(bench: ModuleType, ours: ModuleType) -> dict[str, str]:
 def _run(work: Path, sglang_file: str) -> None:
     assert os.environ["TRITON_INTERPRET"] == "1"
     torch.set_num_threads(1)
-    sglang = _sglang_kernel(sglang_file)
-    bench = _load(BENCH, "conv1d_tree_verify")
-    ours = _load(work / "ddtree_conv1d.py", "ddtree_conv1d")
+    sglang = sglang_conv_kernel(sglang_file)
+    bench = load_module(BENCH, "conv1d_tree_verify")
+    ours = load_module(work / "ddtree_conv1d.py", "ddtree_conv1d")
     saved = torch.load(work / "trees.pt")
     theirs, mine = sglang.causal_conv1d_update, ours.ddtree_conv1d_tree
     results: dict[str, object] = {f"ddtree{b}": _ddtree_case(bench, sglang, ours, saved[b]) for b in (16, 64)}
