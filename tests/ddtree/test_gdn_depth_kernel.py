@@ -16,7 +16,6 @@ faster than SGLang's, and SGLang's kernel elsewhere.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import torch
 from ddtree_deploy.pristine import pristine_release
 from tests.ddtree.test_hybrid_links import trees
 from tests.ddtree.test_hybrid_rules import hybrid_module
+from tests.ddtree.triton_cpu import load_module
 from tests.overlay.plan_digests import BASE
 
 RC8 = "ddtree@0.3.0-rc.8"
@@ -119,7 +119,7 @@ def dispatch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespa
         for name in names:
             patch.setitem(sys.modules, name, ModuleType(name))  # recorded, so undone whatever replaces it
         (tmp / "ddtree_gdn.py").write_bytes(overlay.content_of(KERNEL, None))
-        kernel = _load(tmp / "ddtree_gdn.py", names[0])
+        kernel = load_module(tmp / "ddtree_gdn.py", names[0])
         kernel.ddtree_gdn_tree_verify = lambda *args, **kwargs: calls.append("depth")
         serial = ModuleType(names[1])
         serial.TritonGDNKernel = type("TritonGDNKernel", (), {"target_verify": lambda self, *a, **k: calls.append("sglang")})
@@ -156,15 +156,6 @@ def test_items_are_sglangs_value_blocks(dispatch: SimpleNamespace) -> None:
 
 
 # --------------------------------------------------------------------------- the child process
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _both(bench: ModuleType, sglang: object, ours: ModuleType, parents: torch.Tensor, state_dtype: torch.dtype,
           slots: list[int], seed: int, *, lengths: list[int] | None = None, start_slots: list[int] | None = None,
           head_dim: int = 16) -> dict[str, torch.Tensor]:
@@ -206,9 +197,9 @@ def _both(bench: ModuleType, sglang: object, ours: ModuleType, parents: torch.Te
 def _run(work: Path, sglang_file: Path) -> None:
     assert os.environ["TRITON_INTERPRET"] == "1"
     torch.set_num_threads(1)
-    bench = _load(BENCH, "gdn_tree_verify")
+    bench = load_module(BENCH, "gdn_tree_verify")
     sglang = bench.load_kernel(str(sglang_file))
-    ours = _load(work / "ddtree_gdn.py", "rc8_ddtree_gdn")
+    ours = load_module(work / "ddtree_gdn.py", "rc8_ddtree_gdn")
     saved = torch.load(work / "trees.pt")
     ddtree = saved["ddtree"]
     g = torch.Generator().manual_seed(5)

@@ -1,6 +1,6 @@
-"""Loading Triton kernel files on a machine without a GPU: a file as a module under a name of our
-choosing, and SGLang 0.5.17's conv1d kernel file under its own name, which overlay ddtree's
-``ddtree_conv1d.py`` imports."""
+"""Loading Triton kernel files on a machine without a GPU, for the kernel tests and tools/: a file
+as a module under a name of our choosing, and SGLang 0.5.17's conv1d kernel file under its own
+name, which overlay ddtree's ``ddtree_conv1d.py`` imports."""
 
 from __future__ import annotations
 
