@@ -12,7 +12,7 @@
 # copy_plain_fa3 copy_ddtree64_fa3); such a case is compared with the plain case of the same backend.
 # A case suffixed _auto passes no --attention-backend (the server's own choice) and is compared with
 # the triton plain case. refuse_fa3 is a DDTREE server asked for fa3 (0.2.2 must refuse it).
-# Hybrid (GatedDeltaNet) cases hyb_allexp_*, hyb_copy_* and hyb_induct_* run on make_hybrid.py's targets
+# Hybrid (GatedDeltaNet) cases hyb_rand_*, hyb_allexp_*, hyb_copy_* and hyb_induct_* run on make_hybrid.py's targets
 # (hyb_induct: make_induction_hybrid.py's, whose next token depends on the recurrent state; its
 # client sends hybrid_client.py's INDUCT prompts only) with
 # --max-running-requests 8, are compared with their pair's plain case, and are driven by
@@ -20,7 +20,10 @@
 # gets its ddtree_debug lines summarised (hybrid_debug_summary.py); *_fault cases run on
 # /tmp/site_fault, the overlay without its memory_pool.py patch (the planted fault: the
 # deduplicated conv-window layout left on). HYB_CLIENT_MODE=greedy runs only the greedy prompts (the
-# default for _dbg cases). A carried .gpu/triton_cache.tar.xz or .tar.gz (from earlier runs; merge_triton_caches.sh) skips compiles;
+# default for _dbg cases). ROUTER_TIES=1: after the clients, router_ties.py reads hyb_rand_plain.json against
+# hyb_rand_dflash.json and hyb_rand_ddtree64.json (those present) and prints the MoE router's
+# k/k+1 logit gaps at each split beside their non-split distribution (issue 16), to compare.txt;
+# its JSON goes to CASE.router_ties.json. A carried .gpu/triton_cache.tar.xz or .tar.gz (from earlier runs; merge_triton_caches.sh) skips compiles;
 # $OUT/triton_new.tar.xz holds what this run compiled.
 # A case suffixed _prev (copy_ddtree16_prev, copy_ddtree64_prev, hyb_*_ddtree{16,64}_prev) runs on /tmp/site_prev, overlay ddtree
 # $DDTREE_PREV (default 0.2.2) applied: two overlay versions side by side in one run.
@@ -88,8 +91,8 @@ declare -A CASE=(
   [refuse_budget]="--model-path $M/target_copy $DD 3 --speculative-draft-model-path $M/dflash_copy"
 )
 HYB="--max-running-requests 8"; DBG="--speculative-ddtree-debug --disable-cuda-graph"
-for t in allexp copy induct; do
-  d=$M/dflash_draft; [ $t != allexp ] && d=$M/dflash_copy
+for t in rand allexp copy induct; do
+  d=$M/dflash_draft; case $t in copy|induct) d=$M/dflash_copy;; esac
   CASE[hyb_${t}_plain]="--model-path $M/hyb_$t $HYB"
   CASE[hyb_${t}_dflash]="--model-path $M/hyb_$t $HYB --speculative-algorithm DFLASH --speculative-draft-model-path $d"
   for b in 16 64; do
@@ -164,7 +167,7 @@ if [ -n "${CLIENTS_AFTER:-}" ]; then
   w0=$(el); while [ ! -e "$CLIENTS_AFTER" ] && [ $(( $(el) - w0 )) -lt "${CLIENTS_WAIT:-600}" ]; do sleep 3; done
   echo "[$(el)s] clients start ($CLIENTS_AFTER $([ -e "$CLIENTS_AFTER" ] && echo exists || echo 'still missing'))"
 fi
-ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; hyb_induct_*) echo hyb_induct_plain;; copy_stress_*) echo copy_stress_plain;; samp_fi_*) echo samp_fi_plain;; samp_*) echo samp_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
+ref_of() { local s; s=$(suffix_of "$1"); [ "$s" = _auto ] && s=; case $1 in hyb_rand_*) echo hyb_rand_plain;; hyb_allexp_*) echo hyb_allexp_plain;; hyb_copy_*) echo hyb_copy_plain;; hyb_induct_*) echo hyb_induct_plain;; copy_stress_*) echo copy_stress_plain;; samp_fi_*) echo samp_fi_plain;; samp_*) echo samp_plain;; copy_*) echo "copy_plain$s";; *) echo "plain$s";; esac; }
 stop_case() { kill -TERM -- -${PID[$1]} 2>/dev/null; sleep 2; kill -KILL -- -${PID[$1]} 2>/dev/null; }
 stress_case() {  # stress_client.py against the plain stress run's plan and outputs (none: plans itself)
   local ref=copy_stress_plain refjson=
@@ -204,6 +207,14 @@ for c in "${CASES[@]}"; do
   PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
   case $c in hyb_*) python3 tools/gpu/hybrid_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" | tee -a "$O/compare.txt";; esac; pack
 done
+if [ "${ROUTER_TIES:-0}" = 1 ] && [ -f "$O/hyb_rand_plain.json" ]; then
+  for c in hyb_rand_dflash hyb_rand_ddtree64; do
+    [ -f "$O/$c.json" ] || continue
+    echo "[$(el)s] router ties: hyb_rand_plain vs $c"
+    PYTHONPATH=/tmp/site timeout 300 python3 tools/gpu/router_ties.py $M/hyb_rand "$O/hyb_rand_plain.json" "$O/$c.json" \
+      --label "hyb_rand_plain vs $c" --out "$O/$c.router_ties.json" 2>&1 | grep -v -E "falling back|Loading weights" | tee -a "$O/compare.txt"; pack
+  done
+fi
 # SPEED_CASES="a b c; d e": interleaved speed medians (speed_interleave.py, SPEED_REPEATS each,
 # default 5) per ';'-separated group of ready servers, the group's first case the baseline.
 g=0; IFS=';' read -ra SPEED_GROUPS <<< "${SPEED_CASES:-}"
