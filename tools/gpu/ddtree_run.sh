@@ -224,6 +224,15 @@ for group in "${SPEED_GROUPS[@]}"; do
   echo "[$(el)s] interleaved speed: ${args[*]}"
   PYTHONPATH=/tmp/site timeout "${SPEED_TIMEOUT:-240}" python3 tools/gpu/speed_interleave.py "$O/speed$g.json" "${SPEED_REPEATS:-5}" "${args[@]}" 2>&1 | tee -a "$O/compare.txt"; pack
 done
+# GRAMMAR_MIX_CASES="a b; c d": grammar_mix.py (GRAMMAR_MIX_REPEATS each, default 5) per group of ready
+# servers, the group's first case the baseline: what one regex request costs the three batched beside it.
+g=0; IFS=';' read -ra MIX_GROUPS <<< "${GRAMMAR_MIX_CASES:-}"
+for group in "${MIX_GROUPS[@]}"; do
+  args=(); for c in $group; do [ "${READY[$c]:-}" = yes ] && args+=("$c=${PORT[$c]}"); done
+  [ ${#args[@]} -ge 1 ] || continue; g=$((g + 1))
+  echo "[$(el)s] grammar mix: ${args[*]}"
+  PYTHONPATH=/tmp/site timeout "${SPEED_TIMEOUT:-240}" python3 tools/gpu/grammar_mix.py "$O/grammar_mix$g.json" "${GRAMMAR_MIX_REPEATS:-5}" "${args[@]}" 2>&1 | tee -a "$O/compare.txt"; pack
+done
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
 touch "$O/done.all"; wait; grep -h "ddtree_debug" "$O"/*.log | head -2000 > "$O/ddtree_debug.txt"
