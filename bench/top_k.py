@@ -12,6 +12,10 @@ token id, through one int64 key per vocabulary entry, so ``torch.topk``'s radix 
 - ``float32``: ``torch.topk`` of the float32 log-probs alone: the floor a 32-bit select reaches,
   NOT exact (ties at the cut or inside the top-K may come out in another order); timed, never used.
 
+Run 26 (H200, docs/gpu-validation.md): the chunked top-K equal everywhere and slower (0.50-1.01x),
+the float32 floor 1.83-2.35x faster than the reference: the way to a faster top-K is a 32-bit select
+whose tie order is repaired, not chunks.
+
     PYTHONPATH=/tmp/site python -m bench.top_k --device cuda --budgets 64 512 1024 --batch 1 8
 """
 
