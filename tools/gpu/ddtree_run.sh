@@ -215,24 +215,21 @@ if [ "${ROUTER_TIES:-0}" = 1 ] && [ -f "$O/hyb_rand_plain.json" ]; then
       --label "hyb_rand_plain vs $c" --out "$O/$c.router_ties.json" 2>&1 | grep -v -E "falling back|Loading weights" | tee -a "$O/compare.txt"; pack
   done
 fi
-# SPEED_CASES="a b c; d e": interleaved speed medians (speed_interleave.py, SPEED_REPEATS each,
-# default 5) per ';'-separated group of ready servers, the group's first case the baseline.
-g=0; IFS=';' read -ra SPEED_GROUPS <<< "${SPEED_CASES:-}"
-for group in "${SPEED_GROUPS[@]}"; do
-  args=(); for c in $group; do [ "${READY[$c]:-}" = yes ] && args+=("$c=${PORT[$c]}"); done
-  [ ${#args[@]} -ge 2 ] || continue; g=$((g + 1))
-  echo "[$(el)s] interleaved speed: ${args[*]}"
-  PYTHONPATH=/tmp/site timeout "${SPEED_TIMEOUT:-240}" python3 tools/gpu/speed_interleave.py "$O/speed$g.json" "${SPEED_REPEATS:-5}" "${args[@]}" 2>&1 | tee -a "$O/compare.txt"; pack
-done
-# GRAMMAR_MIX_CASES="a b; c d": grammar_mix.py (GRAMMAR_MIX_REPEATS each, default 5) per group of ready
-# servers, the group's first case the baseline: what one regex request costs the three batched beside it.
-g=0; IFS=';' read -ra MIX_GROUPS <<< "${GRAMMAR_MIX_CASES:-}"
-for group in "${MIX_GROUPS[@]}"; do
-  args=(); for c in $group; do [ "${READY[$c]:-}" = yes ] && args+=("$c=${PORT[$c]}"); done
-  [ ${#args[@]} -ge 1 ] || continue; g=$((g + 1))
-  echo "[$(el)s] grammar mix: ${args[*]}"
-  PYTHONPATH=/tmp/site timeout "${SPEED_TIMEOUT:-240}" python3 tools/gpu/grammar_mix.py "$O/grammar_mix$g.json" "${GRAMMAR_MIX_REPEATS:-5}" "${args[@]}" 2>&1 | tee -a "$O/compare.txt"; pack
-done
+# Client tools over ';'-separated groups of ready servers, each group's first case the baseline:
+# SPEED_CASES="a b c; d e": interleaved speed medians (speed_interleave.py, SPEED_REPEATS each, default 5);
+# GRAMMAR_MIX_CASES="a b; c d": grammar_mix.py (GRAMMAR_MIX_REPEATS each, default 5), what one regex request
+# costs the three requests batched beside it. Output: $O/speedN.json and $O/grammar_mixN.json.
+over_groups() {  # LABEL TOOL OUT_STEM REPEATS MIN_SERVERS GROUPS
+  local g=0 group c; local -a groups args; IFS=';' read -ra groups <<< "$6"
+  for group in "${groups[@]}"; do
+    args=(); for c in $group; do [ "${READY[$c]:-}" = yes ] && args+=("$c=${PORT[$c]}"); done
+    [ ${#args[@]} -ge "$5" ] || continue; g=$((g + 1))
+    echo "[$(el)s] $1: ${args[*]}"
+    PYTHONPATH=/tmp/site timeout "${SPEED_TIMEOUT:-240}" python3 "tools/gpu/$2.py" "$O/$3$g.json" "$4" "${args[@]}" 2>&1 | tee -a "$O/compare.txt"; pack
+  done
+}
+over_groups "interleaved speed" speed_interleave speed "${SPEED_REPEATS:-5}" 2 "${SPEED_CASES:-}"
+over_groups "grammar mix" grammar_mix grammar_mix "${GRAMMAR_MIX_REPEATS:-5}" 1 "${GRAMMAR_MIX_CASES:-}"
 for c in "${CASES[@]}"; do kill -TERM -- -${PID[$c]} 2>/dev/null; done; sleep 3
 for c in "${CASES[@]}"; do kill -KILL -- -${PID[$c]} 2>/dev/null; done
 touch "$O/done.all"; wait; grep -h "ddtree_debug" "$O"/*.log | head -2000 > "$O/ddtree_debug.txt"
