@@ -9,12 +9,16 @@ token id, through one int64 key per vocabulary entry, so ``torch.topk``'s radix 
 - ``chunked C``: the same keys, split into C chunks of each row; the top-K of every chunk, then the
   top-K of those C x K candidates. The keys are unique, so the result is the same set in the same
   order, bit for bit (checked here before timing); the token is read back from the key's low bits.
+- ``repaired``: a 32-bit select (the order-preserving int32 image of each float32 log-prob), then a
+  repair of the one place it may differ, the entries equal to its K-th value: the smallest token ids
+  among all of the row's entries with that value (a prefix count over the row), and a sort of the K
+  results by the int64 key. The same result bit for bit (checked before timing).
 - ``float32``: ``torch.topk`` of the float32 log-probs alone: the floor a 32-bit select reaches,
   NOT exact (ties at the cut or inside the top-K may come out in another order); timed, never used.
 
 Run 26 (H200, docs/gpu-validation.md): the chunked top-K equal everywhere and slower (0.50-1.01x),
 the float32 floor 1.83-2.35x faster than the reference: the way to a faster top-K is a 32-bit select
-whose tie order is repaired, not chunks.
+whose tie order is repaired, not chunks. ``repaired`` (added after run 26) has run only on the CPU.
 
     PYTHONPATH=/tmp/site python -m bench.top_k --device cuda --budgets 64 512 1024 --batch 1 8
 """
@@ -57,6 +61,28 @@ def chunked_top_k(draft_logits: torch.Tensor, k: int, chunks: int) -> tuple[torc
     return log_probs.gather(-1, tokens), tokens
 
 
+def repaired_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_ddtree_top_k``'s result from a 32-bit select whose ties at the cut are repaired."""
+    log_probs = torch.log_softmax(draft_logits.float(), dim=-1) + 0.0
+    bits = log_probs.view(torch.int32)
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    values, tokens = ordered.topk(k, dim=-1)
+    cut = values[..., -1:]
+    above = (values > cut).sum(-1, keepdim=True)  # the select's first `above` entries are right as a set
+    at_cut = ordered == cut
+    rank_at_cut = at_cut.cumsum(-1, dtype=torch.int32)  # 1-based, by token id
+    wanted = at_cut & (rank_at_cut <= k - above)
+    slots = torch.where(wanted, rank_at_cut - 1, k).to(torch.int64)
+    ties = torch.zeros(*tokens.shape[:-1], k + 1, dtype=torch.int64, device=tokens.device)
+    ties.scatter_(-1, slots, torch.arange(ordered.shape[-1], device=tokens.device).expand_as(slots))
+    column = torch.arange(k, device=tokens.device)
+    from_ties = ties.gather(-1, (column - above).clamp(min=0))
+    chosen = torch.where(column < above, tokens, from_ties)
+    keys = (ordered.gather(-1, chosen).to(torch.int64) << 32) + (LOW_BITS - chosen)
+    chosen = LOW_BITS - (keys.sort(dim=-1, descending=True).values & LOW_BITS)
+    return log_probs.gather(-1, chosen), chosen
+
+
 def float_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The 32-bit floor: float32 log-probs' own top-K (ties in any order)."""
     log_probs = torch.log_softmax(draft_logits.float(), dim=-1)
@@ -85,9 +111,9 @@ def graphed_ms(fn: Callable[[torch.Tensor], object], logits: torch.Tensor, repea
     return statistics.median(times)
 
 
-def same_as_reference(dd: ModuleType, logits: torch.Tensor, k: int, chunks: int) -> bool:
+def same_as_reference(dd: ModuleType, logits: torch.Tensor, k: int, variant: Callable[..., tuple]) -> bool:
     want = dd._ddtree_top_k(logits, k)
-    got = chunked_top_k(logits, k, chunks)
+    got = variant(logits, k)
     return all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
 
@@ -119,16 +145,20 @@ def main(argv: list[str] | None = None) -> int:
         for budget in args.budgets:
             k = min(budget, args.vocab)
             fits = [c for c in args.chunks if k <= args.vocab // c]
-            same = {c: same_as_reference(dd, logits, k, c) for c in fits}
+            same = {f"chunked {c}": same_as_reference(dd, logits, k, functools.partial(chunked_top_k, chunks=c))
+                    for c in fits}
+            same["repaired"] = same_as_reference(dd, logits, k, repaired_top_k)
             failed |= not all(same.values())
-            line = f"bs {bs} budget {budget}: chunked " + ", ".join(
-                f"{c} {'equal' if ok else 'DIFFERENT'}" for c, ok in same.items())
+            line = f"bs {bs} budget {budget}: " + ", ".join(
+                f"{name} {'equal' if ok else 'DIFFERENT'}" for name, ok in same.items())
             if not args.no_timing:
                 ref = graphed_ms(functools.partial(dd._ddtree_top_k, k=k), logits, args.repeats)
                 cells = [f"reference {ref * 1e3:.0f} us"]
                 for c in fits:
                     ms = graphed_ms(functools.partial(chunked_top_k, k=k, chunks=c), logits, args.repeats)
                     cells.append(f"chunked {c} {ms * 1e3:.0f} us ({ref / ms:.2f}x)")
+                ms = graphed_ms(functools.partial(repaired_top_k, k=k), logits, args.repeats)
+                cells.append(f"repaired {ms * 1e3:.0f} us ({ref / ms:.2f}x)")
                 ms = graphed_ms(functools.partial(float_top_k, k=k), logits, args.repeats)
                 cells.append(f"float32 {ms * 1e3:.0f} us ({ref / ms:.2f}x)")
                 line += "; " + "; ".join(cells)
