@@ -218,7 +218,8 @@ fi
 # Client tools over ';'-separated groups of ready servers, each group's first case the baseline:
 # SPEED_CASES="a b c; d e": interleaved speed medians (speed_interleave.py, SPEED_REPEATS each, default 5);
 # GRAMMAR_MIX_CASES="a b; c d": grammar_mix.py (GRAMMAR_MIX_REPEATS each, default 5), what one regex request
-# costs the three requests batched beside it. Output: $O/speedN.json and $O/grammar_mixN.json.
+# costs the three requests batched beside it (it is aborted when they finish: /abort_request).
+# Both under SPEED_TIMEOUT (default 240 s). Output: $O/speedN.json and $O/grammar_mixN.json.
 over_groups() {  # LABEL TOOL OUT_STEM REPEATS MIN_SERVERS GROUPS
   local g=0 group c; local -a groups args; IFS=';' read -ra groups <<< "$6"
   for group in "${groups[@]}"; do
