@@ -34,19 +34,27 @@ from types import ModuleType
 
 import torch
 
-from bench.tree_build import DDTREE_UTILS, load_module
+from bench.tree_build import DDTREE_UTILS, graph_replay, load_module
 
 LOW_BITS = (1 << 32) - 1
 
 
-def vocabulary_keys(draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs, int64 keys): a key orders by log-prob, then by the smaller token id, as
-    ``_ddtree_top_k``'s does; its low 32 bits are ``LOW_BITS - token``."""
+def ordered_log_probs(draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float32 log-probs, their order-preserving int32 image), as ``_ddtree_top_k`` makes them."""
     log_probs = torch.log_softmax(draft_logits.float(), dim=-1) + 0.0
     bits = log_probs.view(torch.int32)
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
-    token_ids = torch.arange(draft_logits.shape[-1], device=draft_logits.device)
-    return log_probs, (ordered << 32) + (LOW_BITS - token_ids)
+    return log_probs, torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def keys_of(ordered: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """int64 keys that order by log-prob, then by the smaller token id; low 32 bits ``LOW_BITS - token``."""
+    return (ordered.to(torch.int64) << 32) + (LOW_BITS - tokens)
+
+
+def vocabulary_keys(draft_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, the int64 key of every vocabulary entry)."""
+    log_probs, ordered = ordered_log_probs(draft_logits)
+    return log_probs, keys_of(ordered, torch.arange(draft_logits.shape[-1], device=draft_logits.device))
 
 
 def chunked_top_k(draft_logits: torch.Tensor, k: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,9 +71,7 @@ def chunked_top_k(draft_logits: torch.Tensor, k: int, chunks: int) -> tuple[torc
 
 def repaired_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``_ddtree_top_k``'s result from a 32-bit select whose ties at the cut are repaired."""
-    log_probs = torch.log_softmax(draft_logits.float(), dim=-1) + 0.0
-    bits = log_probs.view(torch.int32)
-    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    log_probs, ordered = ordered_log_probs(draft_logits)
     values, tokens = ordered.topk(k, dim=-1)
     cut = values[..., -1:]
     above = (values > cut).sum(-1, keepdim=True)  # the select's first `above` entries are right as a set
@@ -78,8 +84,8 @@ def repaired_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, to
     column = torch.arange(k, device=tokens.device)
     from_ties = ties.gather(-1, (column - above).clamp(min=0))
     chosen = torch.where(column < above, tokens, from_ties)
-    keys = (ordered.gather(-1, chosen).to(torch.int64) << 32) + (LOW_BITS - chosen)
-    chosen = LOW_BITS - (keys.sort(dim=-1, descending=True).values & LOW_BITS)
+    keys = keys_of(ordered.gather(-1, chosen), chosen).sort(dim=-1, descending=True).values
+    chosen = LOW_BITS - (keys & LOW_BITS)
     return log_probs.gather(-1, chosen), chosen
 
 
@@ -91,20 +97,13 @@ def float_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
 
 def graphed_ms(fn: Callable[[torch.Tensor], object], logits: torch.Tensor, repeats: int) -> float:
     """Median milliseconds of one CUDA-graph replay of ``fn(logits)`` (CUDA events)."""
-    static = logits.clone()
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn(static)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(static)
+    replay = graph_replay(lambda static, _: fn(static), logits, 0)
+    assert replay is not None, "CUDA graph capture failed"
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()  # type: ignore[no-untyped-call]
-        graph.replay()
+        replay()
         end.record()  # type: ignore[no-untyped-call]
         end.synchronize()  # type: ignore[no-untyped-call]
         times.append(start.elapsed_time(end))  # type: ignore[no-untyped-call]
