@@ -125,13 +125,21 @@ class RecordingTorch(SimpleNamespace):
         return torch.zeros(probs.shape[0], num_samples, dtype=torch.int64)
 
 
+def lift_release(path: str, names: list[str], namespace: dict[str, Any]) -> dict[str, Any]:
+    """The named top-level functions of the SGLang release's file at ``path`` (inside the
+    package), defined into ``namespace`` (which supplies what they use); returns ``namespace``."""
+    body = ast.parse((pristine_release(BASE) / path).read_text()).body
+    nodes = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert sorted(n.name for n in nodes) == sorted(names), f"{path} lacks one of {names}"
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), Path(path).name, "exec"), namespace)
+    return namespace
+
+
 @pytest.fixture(scope="session")
 def plain_distribution() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    source = (pristine_release(BASE) / "sglang/srt/layers/sampler.py").read_text()
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == PLAIN)
     recorder = RecordingTorch()
-    namespace: dict[str, Any] = {"torch": recorder, "Optional": typing.Optional, "multinomial_with_seed": None}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), "sampler.py", "exec"), namespace)
+    namespace = lift_release("sglang/srt/layers/sampler.py", [PLAIN], {
+        "torch": recorder, "Optional": typing.Optional, "multinomial_with_seed": None})
 
     def distribution(probs: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
         """The distribution plain decoding samples each row of `probs` from."""

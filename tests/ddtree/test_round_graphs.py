@@ -18,7 +18,6 @@ version's own torch-only modules (and its Triton kernel file) under those names 
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator
@@ -30,10 +29,8 @@ import pytest
 import torch
 
 from ddtree_deploy.catalog import load_overlay
-from ddtree_deploy.pristine import pristine_release
-from tests.ddtree.conftest import OVERLAYS
+from tests.ddtree.conftest import OVERLAYS, lift_release
 from tests.ddtree.test_commit_moves import walk_picks
-from tests.overlay.plan_digests import BASE
 
 RC7 = "ddtree@0.3.0-rc.7"
 SPECULATIVE = "sglang/srt/speculative"
@@ -81,12 +78,10 @@ def rc7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
 def sglang_step_indices() -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
     """0.5.17's ``_verify_commit_step_indices``, lifted from spec_utils.py; ``get_exec`` is a stand-in
     that holds the track interval the call asks for."""
-    source = (pristine_release(BASE) / f"{SPECULATIVE}/spec_utils.py").read_text()
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "_verify_commit_step_indices")
     interval = SimpleNamespace(mamba_track_interval=0)
-    namespace: dict[str, Any] = {"torch": torch, "Tuple": tuple, "Optional": Any,
-                                 "ScheduleBatch": Any, "get_exec": lambda: SimpleNamespace(mamba=interval)}
-    exec(compile(ast.Module(body=[node], type_ignores=[]), "spec_utils.py", "exec"), namespace)
+    namespace = lift_release(f"{SPECULATIVE}/spec_utils.py", ["_verify_commit_step_indices"], {
+        "torch": torch, "Tuple": tuple, "Optional": Any, "ScheduleBatch": Any,
+        "get_exec": lambda: SimpleNamespace(mamba=interval)})
 
     def call(*, path: torch.Tensor, commit_lens: torch.Tensor, prefix: torch.Tensor, track_interval: int | None,
              width: int) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -1,0 +1,116 @@
+"""A DDTREE round's grammar constraint: each constrained request's accepted path, checked node by
+node against its grammar on the host, after the verify.
+
+SGLang's tree verify (EAGLE's, and rc.13's) fills a grammar bitmask for every node its grammar
+admits before the picks: a millisecond or more a fill on a large vocabulary, so a 64-node tree
+cost about 60 ms a round (run 27). Only the nodes on the accepted path need their grammar's mask,
+and a pick its grammar allows is already the masked pick: at T = 0 the argmax among the allowed
+tokens, at T > 0 a draw that landed in the allowed set, which is a draw from the renormalised
+allowed distribution; where the grammar refuses a pick, a fresh draw from the masked logits is
+exact. So the walk fills the mask at each node of its path (at most the block, as the DFlash chain
+does) and asks for new picks only for refused nodes.
+
+Bitmasks are SGLang's packed layout (32 tokens to an int32 word, as ``traverse_tree`` reads them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional, Protocol, Sequence
+
+import torch
+
+
+class Grammar(Protocol):
+    """What the walk uses of SGLang's ``BaseGrammarObject``."""
+
+    def accept_token(self, token: int) -> None: ...
+    def rollback(self, k: int) -> None: ...
+    def is_terminated(self) -> bool: ...
+    def fill_vocab_mask(self, vocab_mask: torch.Tensor, idx: int) -> None: ...
+
+
+# Given flat node rows whose picks their grammars refused (the masks of those rows filled), new
+# picks for those rows, drawn from the verify logits under the masks.
+Repick = Callable[[List[int]], Sequence[int]]
+
+
+@dataclasses.dataclass
+class _Walk:
+    request: int
+    grammar: Grammar
+    node: int = 0
+    accepted: int = 0  # tokens pushed into the grammar, rolled back when the walk ends
+
+
+def _allowed(vocab_mask: torch.Tensor, row: int, token: int) -> bool:
+    return (int(vocab_mask[row, token >> 5]) >> (token & 31)) & 1 == 1
+
+
+def _child(next_token: torch.Tensor, next_sibling: torch.Tensor, ids: torch.Tensor, walk: _Walk,
+           token: int) -> int:
+    """The node's child holding ``token`` (first-child / next-sibling links), else -1."""
+    child = int(next_token[walk.request, walk.node])
+    while child != -1 and int(ids[walk.request, child]) != token:
+        child = int(next_sibling[walk.request, child])
+    return child
+
+
+def ddtree_grammar_picks(
+    grammars: Sequence[Optional[Grammar]],
+    next_token: torch.Tensor,
+    next_sibling: torch.Tensor,
+    ids: torch.Tensor,
+    picks: torch.Tensor,
+    vocab_mask: torch.Tensor,
+    repick: Repick,
+) -> List[int]:
+    """Make every constrained request's picks along its accepted path obey its grammar.
+
+    Args:
+        grammars: Per request, its grammar (already advanced over its committed tokens) or None.
+        next_token, next_sibling, ids: The trees' links and verify ids on the host, ``[bs, n]``.
+        picks: The target's pick at every node on the host, ``[bs, n]``; corrected in place.
+        vocab_mask: Host bitmask ``[bs * n, words]``, all allowed; the walk fills its path's rows.
+        repick: New picks for refused rows (see ``Repick``).
+
+    Returns:
+        The flat rows whose picks changed (empty: the device's picks stand).
+    """
+    n = picks.shape[1]
+    walks = [_Walk(i, g) for i, g in enumerate(grammars) if g is not None]
+    filled: set = set()
+    changed: List[int] = []
+    while walks:
+        walks = [w for w in walks if not _advance(w, n, next_token, next_sibling, ids, picks, vocab_mask, filled, changed)]
+        if walks:
+            rows = [w.request * n + w.node for w in walks]
+            for row, token in zip(rows, repick(rows), strict=True):
+                picks.view(-1)[row] = int(token)
+            changed += rows
+    return changed
+
+
+def _advance(walk: _Walk, n: int, next_token: torch.Tensor, next_sibling: torch.Tensor, ids: torch.Tensor,
+             picks: torch.Tensor, vocab_mask: torch.Tensor, filled: set, repicked: List[int]) -> bool:
+    """Walk down while the picks are allowed. False: stopped at a refused pick (its mask filled);
+    True: the walk ended (no child holds the pick, or the grammar ended), the grammar rolled back.
+    A repicked row's pick stands (it is the masked logits' own, even where the mask allows nothing)."""
+    grammar = walk.grammar
+    while not grammar.is_terminated():  # past its end a grammar constrains nothing (as traverse_tree)
+        row = walk.request * n + walk.node
+        if row not in filled:
+            grammar.fill_vocab_mask(vocab_mask, row)
+            filled.add(row)
+        token = int(picks[walk.request, walk.node])
+        if row not in repicked and not _allowed(vocab_mask, row, token):
+            return False
+        child = _child(next_token, next_sibling, ids, walk, token)
+        if child == -1:
+            break
+        grammar.accept_token(token)
+        walk.accepted += 1
+        walk.node = child
+    if walk.accepted:
+        grammar.rollback(walk.accepted)
+    return True
