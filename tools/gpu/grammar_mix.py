@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """What one grammar-constrained request costs the requests batched beside it (issue 17).
 
-A DDTREE round whose batch carries a grammar falls back to the DFlash chain round for the whole
-batch, so while one constrained request runs, its unconstrained neighbours lose the tree. Per
+Up to overlay 0.3.0-rc.12 a DDTREE round whose batch carries a grammar falls back to the DFlash
+chain round for the whole batch (and runs without CUDA graphs), so while one constrained request
+runs, its unconstrained neighbours lose the tree; rc.13 and rc.14 keep it in the tree round. Per
 server and prompt class (ddtree_client.py's alternating prompts, where the tree accepts 6 to the
 chain's 2, and its repeating ones, where both accept everything), a batch of four greedy requests
 in two modes:

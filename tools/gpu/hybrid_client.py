@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Drive one server on a tiny hybrid (GatedDeltaNet) target: ddtree_client.py's greedy
 prompts (batch 1 and batch 4) and speed runs, then a regex-constrained greedy request (the
-grammar rounds take DDTREE's DFlash chain fallback through the same hybrid backend) and one
+grammar rounds are tree rounds from overlay 0.3.0-rc.13, a DFlash chain fallback through the same hybrid backend before) and one
 sampled request with a short timeout, timed (a T = 0.8 request on a hybrid DFLASH server
 with CUDA graphs was seen waiting 85-110 s before its prefill).
 
