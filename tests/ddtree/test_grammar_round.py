@@ -8,8 +8,9 @@ The tests hold rc.14 to rc.13's rule:
 
 - greedy: the same accepted path and picks on it as the fully masked tree, on random trees with
   target picks that often follow the draft, with at most one fill per path node;
-- sampled: the committed tokens follow the fully masked tree's distribution (chi-square), and a
-  walk that ignores the grammar is told apart by the same test;
+- sampled: the committed tokens follow the fully masked tree's distribution (chi-square), under
+  temperature alone and under a truncating sampler (top-k), where every pick on the path is drawn
+  again; a walk that ignores the grammar, and one that keeps allowed top-k draws, are told apart;
 - a whole greedy decode (the decode tool's copy pair) under a grammar equals plain constrained
   greedy decoding, and differs from unconstrained decoding.
 
@@ -176,42 +177,53 @@ def committed(tree, picks: torch.Tensor, ids: torch.Tensor, dd: ModuleType) -> l
     return rows
 
 
+@pytest.mark.parametrize("top_k", [None, 3])
 def test_sampled_walk_follows_the_masked_distribution(dd: ModuleType, grammar_module: ModuleType, decode_tool: ModuleType,
-                                                      sglang_bitmask: Callable[..., torch.Tensor]) -> None:
-    rows, budget, temperature = 3000, 16, 1.5
+                                                      sglang_bitmask: Callable[..., torch.Tensor], top_k: int | None) -> None:
+    """Temperature alone: allowed draws stand (the control ignores the grammar). Top-k 3, a
+    truncating sampler: the walk must draw every path pick again (the control keeps allowed draws)."""
+    # Flatter under top-k, so that where the cut falls changes the commits the wrong walk makes.
+    rows, budget, temperature = 3000, 16, 1.5 if top_k is None else 4.0
     tree1, next_token1, next_sibling1, ids1, logits1 = tree_round(dd, 3, 1, budget, follow=1.0)
     expand = lambda t: t.expand(rows, *t.shape[1:]).contiguous()  # noqa: E731
     tree = dd.build_ddtree_batch(torch.randn(1, DEPTHS, VOCAB, generator=torch.Generator().manual_seed(3)).mul(3)
                                  .expand(rows, -1, -1), budget)
     assert torch.equal(tree.tokens[0], tree1.tokens[0])
     next_token, next_sibling, ids, logits = map(expand, (next_token1, next_sibling1, ids1, logits1))
-    probs = torch.softmax(logits / temperature, dim=-1)
     g = torch.Generator().manual_seed(11)
 
-    def sample(p: torch.Tensor) -> torch.Tensor:
-        flat = p.reshape(-1, VOCAB)
-        return torch.multinomial(flat / flat.sum(-1, keepdim=True), 1, generator=g).view(p.shape[:-1])
+    def sample(node_logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """SGLang's order: the grammar's mask on the logits, then the sampler's cut, then the draw."""
+        flat = node_logits.reshape(-1, VOCAB)
+        if allowed is not None:
+            flat = flat.masked_fill(~allowed.reshape(-1, VOCAB), float("-inf"))
+        if top_k is not None:
+            flat = flat.masked_fill(flat < flat.topk(top_k, dim=-1).values[:, -1:], float("-inf"))
+        return torch.multinomial(torch.softmax(flat / temperature, -1), 1, generator=g).view(node_logits.shape[:-1])
 
     full_mask = sglang_bitmask([ModGrammar(1)], next_token1, next_sibling1, ids1).repeat(rows, 1)
-    want = committed(tree, sample(probs * unpack(full_mask, VOCAB).view(probs.shape)), ids, dd)
+    want = committed(tree, sample(logits, unpack(full_mask, VOCAB)), ids, dd)
 
-    picks = sample(probs)
-    free = committed(tree, picks.clone(), ids, dd)  # the control: the grammar ignored
-    vocab_mask = ModGrammar().allocate_vocab_mask(VOCAB, picks.numel(), "cpu")
+    def walk(redraw: bool | None) -> list[tuple[int, ...]]:
+        picks = sample(logits, None)
+        if redraw is None:  # the grammar ignored
+            return committed(tree, picks, ids, dd)
+        vocab_mask = ModGrammar().allocate_vocab_mask(VOCAB, picks.numel(), "cpu")
 
-    def repick(flat_rows: list[int]) -> list[int]:
-        allowed = unpack(vocab_mask[flat_rows], VOCAB)
-        return sample(probs.reshape(-1, VOCAB)[flat_rows] * allowed).tolist()
+        def repick(flat_rows: list[int]) -> list[int]:
+            return sample(logits.reshape(-1, VOCAB)[flat_rows], unpack(vocab_mask[flat_rows], VOCAB)).tolist()
 
-    grammars = [ModGrammar(1) for _ in range(rows)]
-    assert grammar_module.ddtree_grammar_picks(grammars, next_token, next_sibling, ids, picks, vocab_mask, repick)
-    got = committed(tree, picks, ids, dd)
+        grammars = [ModGrammar(1) for _ in range(rows)]
+        assert grammar_module.ddtree_grammar_picks(grammars, next_token, next_sibling, ids, picks, vocab_mask, repick,
+                                                   redraw=[redraw] * rows)
+        return committed(tree, picks, ids, dd)
 
-    keys = {key: i for i, key in enumerate(sorted(set(want + got + free)))}
+    got, control = walk(top_k is not None), walk(None if top_k is None else False)
+    keys = {key: i for i, key in enumerate(sorted(set(want + got + control)))}
     _, _, p_value = decode_tool.chi_square([keys[k] for k in want], [keys[k] for k in got])
-    _, _, p_free = decode_tool.chi_square([keys[k] for k in want], [keys[k] for k in free])
+    _, _, p_control = decode_tool.chi_square([keys[k] for k in want], [keys[k] for k in control])
     assert p_value > 1e-3, f"rc.14's sampled commits differ from the fully masked tree's (p = {p_value:.2e})"
-    assert p_free < 1e-6, f"the test cannot tell an unconstrained walk apart (p = {p_free:.2e})"
+    assert p_control < 1e-6, f"the test cannot tell the wrong walk apart (p = {p_control:.2e})"
 
 
 class ConstrainedGreedy:

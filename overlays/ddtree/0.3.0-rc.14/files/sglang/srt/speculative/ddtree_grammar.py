@@ -4,11 +4,14 @@ node against its grammar on the host, after the verify.
 SGLang's tree verify (EAGLE's, and rc.13's) fills a grammar bitmask for every node its grammar
 admits before the picks: a millisecond or more a fill on a large vocabulary, so a 64-node tree
 cost about 60 ms a round (run 27). Only the nodes on the accepted path need their grammar's mask,
-and a pick its grammar allows is already the masked pick: at T = 0 the argmax among the allowed
-tokens, at T > 0 a draw that landed in the allowed set, which is a draw from the renormalised
-allowed distribution; where the grammar refuses a pick, a fresh draw from the masked logits is
-exact. So the walk fills the mask at each node of its path (at most the block, as the DFlash chain
-does) and asks for new picks only for refused nodes.
+and a pick its grammar allows is already the masked pick where the sampler does not truncate: at
+T = 0 (or top-k 1) the argmax among the allowed tokens, and under temperature alone a draw that
+landed in the allowed set, which is a draw from the renormalised allowed distribution. Where the
+grammar refuses a pick, a fresh draw from the masked logits is exact. So the walk fills the mask at
+each node of its path (at most the block, as the DFlash chain does) and asks for new picks only for
+refused nodes. A truncating sampler (top-k above 1, top-p, min-p) cuts the unmasked distribution
+where the masked rule cuts the masked one, so an allowed draw is not the masked rule's: such a
+request's walk draws every pick on its path again from the masked logits (one batched draw a depth).
 
 Bitmasks are SGLang's packed layout (32 tokens to an int32 word, as ``traverse_tree`` reads them).
 """
@@ -39,6 +42,7 @@ Repick = Callable[[List[int]], Sequence[int]]
 class _Walk:
     request: int
     grammar: Grammar
+    redraw: bool  # every pick on the path drawn again from the masked logits (a truncating sampler)
     node: int = 0
     accepted: int = 0  # tokens pushed into the grammar, rolled back when the walk ends
 
@@ -64,6 +68,7 @@ def ddtree_grammar_picks(
     picks: torch.Tensor,
     vocab_mask: torch.Tensor,
     repick: Repick,
+    redraw: Optional[Sequence[bool]] = None,
 ) -> List[int]:
     """Make every constrained request's picks along its accepted path obey its grammar.
 
@@ -73,16 +78,18 @@ def ddtree_grammar_picks(
         picks: The target's pick at every node on the host, ``[bs, n]``; corrected in place.
         vocab_mask: Host bitmask ``[bs * n, words]``, all allowed; the walk fills its path's rows.
         repick: New picks for refused rows (see ``Repick``).
+        redraw: Per request, whether its sampler truncates (see above); default none does.
 
     Returns:
         The flat rows whose picks changed (empty: the device's picks stand).
     """
     n = picks.shape[1]
-    walks = [_Walk(i, g) for i, g in enumerate(grammars) if g is not None]
+    walks = [_Walk(i, g, bool(redraw and redraw[i])) for i, g in enumerate(grammars) if g is not None]
     filled: set = set()
     changed: List[int] = []
     while walks:
-        walks = [w for w in walks if not _advance(w, n, next_token, next_sibling, ids, picks, vocab_mask, filled, changed)]
+        walks = [w for w in walks if not _advance(w, n, next_token, next_sibling, ids, picks, vocab_mask, filled,
+                                                  set(changed))]
         if walks:
             rows = [w.request * n + w.node for w in walks]
             for row, token in zip(rows, repick(rows), strict=True):
@@ -92,10 +99,11 @@ def ddtree_grammar_picks(
 
 
 def _advance(walk: _Walk, n: int, next_token: torch.Tensor, next_sibling: torch.Tensor, ids: torch.Tensor,
-             picks: torch.Tensor, vocab_mask: torch.Tensor, filled: set, repicked: List[int]) -> bool:
-    """Walk down while the picks are allowed. False: stopped at a refused pick (its mask filled);
-    True: the walk ended (no child holds the pick, or the grammar ended), the grammar rolled back.
-    A repicked row's pick stands (it is the masked logits' own, even where the mask allows nothing)."""
+             picks: torch.Tensor, vocab_mask: torch.Tensor, filled: set, repicked: set) -> bool:
+    """Walk down while the picks stand. False: stopped at a pick to draw again (refused, or any pick
+    of a ``redraw`` walk; its mask filled); True: the walk ended (no child holds the pick, or the
+    grammar ended), the grammar rolled back. A repicked row's pick stands (it is the masked logits'
+    own, even where the mask allows nothing)."""
     grammar = walk.grammar
     while not grammar.is_terminated():  # past its end a grammar constrains nothing (as traverse_tree)
         row = walk.request * n + walk.node
@@ -103,7 +111,7 @@ def _advance(walk: _Walk, n: int, next_token: torch.Tensor, next_sibling: torch.
             grammar.fill_vocab_mask(vocab_mask, row)
             filled.add(row)
         token = int(picks[walk.request, walk.node])
-        if row not in repicked and not _allowed(vocab_mask, row, token):
+        if row not in repicked and (walk.redraw or not _allowed(vocab_mask, row, token)):
             return False
         child = _child(next_token, next_sibling, ids, walk, token)
         if child == -1:
