@@ -43,11 +43,14 @@
 # Sharing the machine with another job (bench_sweep.sh in the background): PORT_BASE (default 30000)
 # moves the ports, CLIENTS_AFTER=FILE holds the clients until FILE exists (at most CLIENTS_WAIT s,
 # default 600), and $OUT/w/done.CASE is touched after each case's client, done.all at the end.
+# GRAMMAR_CLIENT=1: the dense copy pair's cases (copy_plain, copy_dflash, copy_ddtree*) are driven by
+# hybrid_client.py too, so their regex-constrained requests are compared with plain's (HYBRID[...] lines).
 # Every server runs with --sleep-on-idle: an idle scheduler otherwise spins a core, and the idle
 # servers share cores 0-11 with the one being timed.
 set -u
 CASES=("$@")
 T0=$(date +%s); el() { echo $(( $(date +%s) - T0 )); }
+extras() { [[ $1 = hyb_* ]] || { [ "${GRAMMAR_CLIENT:-0}" = 1 ] && [[ $1 = copy_* && $1 != copy_stress_* ]]; }; }  # hybrid_client.py
 OUT=${OUT:-/tmp/out}; O=$OUT/w; mkdir -p "$O"; R=$(pwd); G=$R/.gpu
 pack() { (cd "$O" && tar -czf "$OUT/results.tar.gz" .); }   # after every stage: a timeout loses nothing
 trap pack EXIT
@@ -191,7 +194,7 @@ for c in "${CASES[@]}"; do
     tee -a "$O/compare.txt" < "$O/$c.tprof.txt"
     tar -czf "$OUT/tprof_$c.tar.gz" -C "$O" "tprof_$c" 2>/dev/null; rm -rf "${O:?}/tprof_$c"; pack
   elif [ "${READY[$c]:-}" = yes ]; then
-    client=tools/gpu/ddtree_client.py; case $c in hyb_*) client=tools/gpu/hybrid_client.py;; samp_*) client=tools/gpu/sample_client.py;; esac
+    client=tools/gpu/ddtree_client.py; extras $c && client=tools/gpu/hybrid_client.py; [[ $c = samp_* ]] && client=tools/gpu/sample_client.py
     ct=150; [[ $c = samp_* ]] && ct=290  # the DFLASH-rule cases' first sample compiles flashinfer's sampling (~104 s)
     echo "[$(el)s] $c: client"; PYTHONPATH=/tmp/site timeout $ct python3 $client ${PORT[$c]} "$O/$c.json" $(case $c in hyb_induct_*) echo induct;; *_dbg*) echo "${HYB_CLIENT_MODE:-greedy}";; *) echo "${HYB_CLIENT_MODE:-}";; esac) || echo "[$(el)s] $c: client FAILED"; pack
     case $c in *_dbg*) python3 tools/gpu/hybrid_debug_summary.py "$c" "$O/$c.log" | tee -a "$O/compare.txt";; esac
@@ -205,7 +208,7 @@ for c in "${CASES[@]}"; do
     PYTHONPATH=/tmp/site timeout 120 python3 tools/gpu/sample_compare.py "$O/$ref.json" "$O/$c.json" "$c" ${PORT[$ref]} | tee -a "$O/compare.txt"; pack; continue
   fi
   PYTHONPATH=/tmp/site timeout 60 python3 tools/gpu/ddtree_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" ${PORT[$ref]} | tee -a "$O/compare.txt"
-  case $c in hyb_*) python3 tools/gpu/hybrid_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" | tee -a "$O/compare.txt";; esac; pack
+  if extras $c; then python3 tools/gpu/hybrid_compare.py "$O/$ref.json" "$O/$c.json" "$ref vs $c" | tee -a "$O/compare.txt"; fi; pack
 done
 if [ "${ROUTER_TIES:-0}" = 1 ] && [ -f "$O/hyb_rand_plain.json" ]; then
   for c in hyb_rand_dflash hyb_rand_ddtree64; do
