@@ -304,3 +304,25 @@ def test_debug_records(dd: ModuleType, decode_tool: ModuleType) -> None:
     agree = dd.draft_top1_agreement(draft_top1, picks, plan.path, plan.commit_lens.to(torch.int64)).tolist()
     assert [r["draft_top1_agree"] for r in records] == agree
     assert all(r["budget"] == 16 for r in records)
+
+
+def test_a_repick_the_grammar_still_refuses_ends_the_walk(dd: ModuleType, grammar_module: ModuleType) -> None:
+    """Where a grammar allows nothing at a node, the masked logits' own pick stands and the walk ends
+    there without handing it to the grammar (SGLang's scheduler then refuses it, as upstream)."""
+    tree, next_token, next_sibling, ids, logits = tree_round(dd, 0, 1, 16, follow=1.0)
+    grammar = ModGrammar(0)
+    grammar.allowed = lambda: torch.zeros(VOCAB, dtype=torch.bool)  # type: ignore[method-assign]
+    picks = logits.argmax(-1)
+    vocab_mask = grammar.allocate_vocab_mask(VOCAB, picks.numel(), "cpu")
+    changed = grammar_module.ddtree_grammar_picks([grammar], next_token, next_sibling, ids, picks, vocab_mask,
+                                                  lambda rows: [0] * len(rows))
+    assert changed == [0] and int(picks[0, 0]) == 0 and grammar.states == [0] and grammar.fills == 1
+
+
+@pytest.mark.parametrize(("backend", "refused"), [("xgrammar", False), ("llguidance", False), (None, False),
+                                                  ("none", False), ("outlines", True)])
+def test_grammar_backend_refusal(grammar_module: ModuleType, backend: str | None, refused: bool) -> None:
+    reason = grammar_module.ddtree_grammar_backend_refusal(backend)
+    assert (reason is not None) == refused
+    if refused:
+        assert "--grammar-backend outlines" in reason and "xgrammar" in reason

@@ -13,7 +13,9 @@ refused nodes. A truncating sampler (top-k above 1, top-p, min-p) cuts the unmas
 where the masked rule cuts the masked one, so an allowed draw is not the masked rule's: such a
 request's walk draws every pick on its path again from the masked logits (one batched draw a depth).
 
-Bitmasks are SGLang's packed layout (32 tokens to an int32 word, as ``traverse_tree`` reads them).
+Bitmasks are SGLang's packed layout (32 tokens to an int32 word, as ``traverse_tree`` reads them):
+xgrammar's and llguidance's. outlines keeps a boolean mask and cannot roll back, so DDTREE refuses
+it at start-up (``ddtree_grammar_backend_refusal``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,20 @@ import dataclasses
 from typing import Callable, List, Optional, Protocol, Sequence
 
 import torch
+
+
+PACKED_MASK_BACKENDS = ("xgrammar", "llguidance")
+
+
+def ddtree_grammar_backend_refusal(grammar_backend: Optional[str]) -> Optional[str]:
+    """Why DDTREE cannot run with this ``--grammar-backend`` (None: it can; "none" has no grammars)."""
+    if grammar_backend in (None, "none", *PACKED_MASK_BACKENDS):
+        return None
+    return (
+        f"DDTREE does not support --grammar-backend {grammar_backend}: its tree rounds read grammar "
+        f"bitmasks in the packed layout and roll grammars back ({', '.join(PACKED_MASK_BACKENDS)}); "
+        "pass --grammar-backend xgrammar."
+    )
 
 
 class Grammar(Protocol):
@@ -103,7 +119,8 @@ def _advance(walk: _Walk, n: int, next_token: torch.Tensor, next_sibling: torch.
     """Walk down while the picks stand. False: stopped at a pick to draw again (refused, or any pick
     of a ``redraw`` walk; its mask filled); True: the walk ended (no child holds the pick, or the
     grammar ended), the grammar rolled back. A repicked row's pick stands (it is the masked logits'
-    own, even where the mask allows nothing)."""
+    own; where even it is refused, the mask allows nothing, and the walk ends there without
+    taking it, leaving the refusal to the scheduler's own ``accept_token``, as SGLang's does)."""
     grammar = walk.grammar
     while not grammar.is_terminated():  # past its end a grammar constrains nothing (as traverse_tree)
         row = walk.request * n + walk.node
@@ -111,8 +128,11 @@ def _advance(walk: _Walk, n: int, next_token: torch.Tensor, next_sibling: torch.
             grammar.fill_vocab_mask(vocab_mask, row)
             filled.add(row)
         token = int(picks[walk.request, walk.node])
-        if row not in repicked and (walk.redraw or not _allowed(vocab_mask, row, token)):
+        allowed = _allowed(vocab_mask, row, token)
+        if row not in repicked and (walk.redraw or not allowed):
             return False
+        if not allowed:
+            break
         child = _child(next_token, next_sibling, ids, walk, token)
         if child == -1:
             break
