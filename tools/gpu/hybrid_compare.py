@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Beside ddtree_compare.py for hybrid cases: the regex-constrained greedy outputs against the
-plain case's, the sampled request's latency, and tokens/s with acceptance.
+plain case's, how many sampled regex-constrained outputs stay within the regex, the sampled request's latency, and tokens/s with acceptance.
 
 usage: hybrid_compare.py REF.json CASE.json LABEL
 """
@@ -18,7 +18,10 @@ def main() -> None:
                for a, b in zip(ref["grammar"], case["grammar"], strict=True))
     speed = {name: (case[f"speed_{name}"]["tok_per_s"], case[f"speed_{name}"]["batch4_tok_per_s"],
                     case[f"speed_{name}"]["accept_length"][:1]) for name in ("alternating", "repeating")}
-    print(f"HYBRID[{sys.argv[3]}] grammar {same}/{len(ref['grammar'])} identical; sampled {case['sampled']}; "
+    sampled = case.get("grammar_sampled", [])
+    matching = f"{sum(s['matches'] for s in sampled)}/{len(sampled)}"
+    print(f"HYBRID[{sys.argv[3]}] grammar {same}/{len(ref['grammar'])} identical, sampled (top-k 20) {matching} "
+          f"within the regex; sampled {case['sampled']}; "
           f"tok/s (b1, b4, accept) {speed}")
 
 
