@@ -12,7 +12,8 @@ The tests hold rc.14 to rc.13's rule:
   temperature alone and under a truncating sampler (top-k), where every pick on the path is drawn
   again; a walk that ignores the grammar, and one that keeps allowed top-k draws, are told apart;
 - a whole greedy decode (the decode tool's copy pair) under a grammar equals plain constrained
-  greedy decoding, and differs from unconstrained decoding.
+  greedy decoding, and differs from unconstrained decoding;
+- rc.15 keeps such batches on the overlap scheduler, its worker running the grammar barrier first.
 
 ``ModGrammar`` is a stand-in (tests only) for SGLang's grammar objects: xgrammar's need its
 tokenizer and SGLang's server stack to build. It keeps SGLang's packed bitmask layout (32 tokens to
@@ -21,6 +22,7 @@ an int32 word), which ``traverse_tree`` reads.
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
@@ -29,7 +31,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.ddtree.conftest import lift_release
+from ddtree_deploy.catalog import load_overlay
+from tests.ddtree.conftest import OVERLAYS, lift_release
 
 RC14 = "ddtree@0.3.0-rc.14"
 VOCAB, DEPTHS = 64, 7
@@ -326,3 +329,27 @@ def test_grammar_backend_refusal(grammar_module: ModuleType, backend: str | None
     assert (reason is not None) == refused
     if refused:
         assert "--grammar-backend outlines" in reason and "xgrammar" in reason
+
+
+def _method(spec: str, path: str, cls: str, name: str) -> ast.FunctionDef | None:
+    source = load_overlay(spec, OVERLAYS).content_of(path, None).decode()
+    klass = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls)
+    return next((n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def test_rc15_keeps_grammar_batches_on_the_overlap_scheduler() -> None:
+    """rc.15's algorithm says it supports grammar overlap (rc.14's inherits SGLang's CustomSpecAlgo
+    "no"), which is safe only because the worker runs the scheduler's barrier before it reads any
+    request's grammar. (The scheduler side is SGLang's; this reads the overlay's own source.)"""
+    spec = "sglang/srt/speculative/ddtree_spec.py"
+    assert _method(RC14, spec, "DDTreeSpecAlgo", "supports_grammar_overlap") is None
+    method = _method("ddtree@0.3.0-rc.15", spec, "DDTreeSpecAlgo", "supports_grammar_overlap")
+    assert method is not None and ast.unparse(method.body[-1]) == "return True"
+    walk = _method("ddtree@0.3.0-rc.15", "sglang/srt/speculative/ddtree_worker_v2.py", "DDTreeWorkerV2", "_grammar_picks")
+    assert walk is not None
+    lines = {(type(n).__name__, ast.unparse(n)): n.lineno for n in ast.walk(walk)
+             if (isinstance(n, ast.Call) and ast.unparse(n.func) == "barrier")
+             or (isinstance(n, ast.Attribute) and n.attr == "grammar")}
+    barrier = [line for (kind, _), line in lines.items() if kind == "Call"]
+    reads = [line for (kind, _), line in lines.items() if kind == "Attribute"]
+    assert barrier and reads and max(barrier) < min(reads), "the barrier must run before any grammar is read"
