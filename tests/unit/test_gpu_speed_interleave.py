@@ -76,3 +76,29 @@ def test_ratios_between_two_cases_of_a_run(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(sys, "argv", ["speed_interleave.py", "ratios", str(speed), "new", "old"])
     tool.main()
     assert "new / old repeating_b1: 1.50x [1.00, 2.50]" in capsys.readouterr().out
+
+
+def test_context_lengths_stretch_each_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEED_CONTEXTS adds each class again, its prompts repeated to that many tokens."""
+    monkeypatch.setitem(sys.modules, "requests", sys.modules.get("requests") or ModuleType("requests"))
+    tool = load_gpu_tool("speed_interleave")
+    sent: list[list[int]] = []
+
+    def post(url: str, payload: dict[str, Any], sp: dict[str, Any]) -> tuple[object, float]:
+        prompts = payload["input_ids"]
+        batch = prompts if isinstance(prompts[0], list) else [prompts]
+        sent.extend(batch)
+        meta = {"completion_tokens": sp["max_new_tokens"], "spec_accept_length": 2.0}
+        answer = [{"meta_info": meta}] * len(batch) if isinstance(prompts[0], list) else {"meta_info": meta}
+        return answer, 0.1 * len(batch)
+
+    monkeypatch.setattr(tool.base, "post", post)
+    monkeypatch.setenv("SPEED_CONTEXTS", "0,1000")
+    out = tmp_path / "speed.json"
+    monkeypatch.setattr(sys, "argv", ["speed_interleave.py", str(out), "1", "dflash=1", "tree=2"])
+    tool.main()
+    keys = set(json.loads(out.read_text())["median"]["tree"])
+    assert {"repeating_b1", "repeating_c1000_b1", "alternating_c1000_b4", "repeating_c1000_b4_vs_dflash"} <= keys
+    long = [p for p in sent if len(p) == 1000]
+    assert long and all(len(set(p)) == 1 or p[:4] == p[4:8] for p in long)  # the patterns kept
+    assert tool.stretched([1, 2], 5) == [1, 2, 1, 2, 1]

@@ -6,6 +6,9 @@ prompts, 240 new tokens): tokens/s at batch 1 (the class's three prompts, one af
 batch 4 (one call), and the acceptance length. Then the median over the repetitions, and each
 server's median ratio to the baseline server (the first CASE=PORT given, e.g. DFLASH), computed
 per repetition before the median is taken.
+SPEED_CONTEXTS=0,1000,1800 (default 0) also times each class after a longer context: its prompts
+repeated to that many tokens, keeping their pattern (keys such as repeating_c1000_b1). A tree's
+verify attends over the whole context for every node, so its lead may shrink as the context grows.
 
 usage: speed_interleave.py OUT_JSON REPEATS CASE=PORT [CASE=PORT ...]
        speed_interleave.py ratios SPEED_JSON CASE OTHER   (CASE / OTHER per repetition, from a run's file)
@@ -13,6 +16,7 @@ usage: speed_interleave.py OUT_JSON REPEATS CASE=PORT [CASE=PORT ...]
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,10 +28,23 @@ SPEED = {"temperature": 0.0, "max_new_tokens": 240, "ignore_eos": True}
 CLASSES = {"alternating": base.ALT, "repeating": base.REP}
 
 
-def time_server(url: str) -> dict[str, float]:
+def stretched(prompt: list[int], length: int) -> list[int]:
+    """The prompt repeated (its pattern kept) to ``length`` tokens."""
+    return (prompt * -(-length // len(prompt)))[:length]
+
+
+def classes(contexts: list[int]) -> dict[str, list[list[int]]]:
+    """The prompt classes, and for each context length above 0 the same classes stretched to it."""
+    out = dict(CLASSES)
+    for length in (c for c in contexts if c > 0):
+        out.update({f"{name}_c{length}": [stretched(p, length) for p in group] for name, group in CLASSES.items()})
+    return out
+
+
+def time_server(url: str, prompt_classes: dict[str, list[list[int]]]) -> dict[str, float]:
     """One timing of every class and batch size on one server."""
     out: dict[str, float] = {}
-    for name, group in CLASSES.items():
+    for name, group in prompt_classes.items():
         runs = [base.post(url, base.payload(p), SPEED) for p in group]
         tokens = sum(x["meta_info"]["completion_tokens"] for x, _ in runs)
         out[f"{name}_b1"] = tokens / sum(secs for _, secs in runs)
@@ -54,13 +71,14 @@ def main() -> None:
         return
     out, repeats = sys.argv[1], int(sys.argv[2])
     servers = dict(arg.split("=", 1) for arg in sys.argv[3:])
+    prompt_classes = classes([int(c) for c in os.environ.get("SPEED_CONTEXTS", "0").split(",")])
     names = list(servers)
     for name in names:  # warm-up: first requests compile and fill caches
         base.post(f"http://127.0.0.1:{servers[name]}", base.payload(base.REP[0]), SPEED)
     timings: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for rep in range(repeats):
         for name in names[rep % len(names):] + names[: rep % len(names)]:
-            timings[name].append(time_server(f"http://127.0.0.1:{servers[name]}"))
+            timings[name].append(time_server(f"http://127.0.0.1:{servers[name]}", prompt_classes))
     baseline = names[0]
     keys = [k for k in timings[baseline][0] if not k.endswith("_accept")]
     summary: dict[str, dict[str, float]] = {}
