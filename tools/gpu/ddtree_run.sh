@@ -220,7 +220,7 @@ if [ "${ROUTER_TIES:-0}" = 1 ] && [ -f "$O/hyb_rand_plain.json" ]; then
 fi
 # Client tools over ';'-separated groups of ready servers, each group's first case the baseline:
 # SPEED_CASES="a b c; d e": interleaved speed medians (speed_interleave.py, SPEED_REPEATS each, default 5;
-# SPEED_CONTEXTS=0,1000,1800 adds each prompt class stretched to those context lengths);
+# SPEED_CONTEXTS=0,1000,1700 adds each prompt class stretched to those context lengths);
 # GRAMMAR_MIX_CASES="a b; c d": grammar_mix.py (GRAMMAR_MIX_REPEATS each, default 5), what one regex request
 # costs the three requests batched beside it (it is aborted when they finish: /abort_request).
 # Both under SPEED_TIMEOUT (default 240 s). Output: $O/speedN.json and $O/grammar_mixN.json.

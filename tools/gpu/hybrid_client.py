@@ -25,7 +25,7 @@ import ddtree_client as base  # noqa: E402
 GRAMMAR_PROMPTS = base.ALT[:2] + base.REP[:1]
 # Any run of the tokenizer's lowercase words: the grammar masks most of the vocabulary.
 REGEX = r"( ?[a-z]+){4,24}"
-PREFIX = r"( ?[a-z]+)* ?"  # what a cut-off output of REGEX can be: a prefix of a match
+PREFIX = r"(?: ?[a-z])* ?"  # a prefix of a REGEX match (cut off by max_new_tokens); linear to check
 # hyb_induct: tokens 4..63 with repeats, so every step reads layer 0's recurrent state; the second
 # and third end on the same token after different histories.
 INDUCT = [[5, 6, 7, 8, 5], [6, 7, 5, 6], [6, 8, 5, 6], [20, 21, 22, 20, 23, 24, 20],
@@ -74,7 +74,7 @@ def regex_sampled(url: str, prompt: object) -> dict:
         x = requests.post(url + "/generate", json={**base.payload(prompt), "sampling_params": sp}, timeout=30).json()
         return {"text": x["text"], "matches": re.fullmatch(PREFIX, x["text"]) is not None}
     except (requests.RequestException, KeyError, ValueError) as e:  # a timeout, or an error answer
-        return {"error": repr(e)[:200], "matches": False}
+        return {"error": repr(e)[:200], "matches": None}
 
 
 def speed_and_extras(url: str, greedy: dict) -> dict:

@@ -19,7 +19,8 @@ def main() -> None:
     speed = {name: (case[f"speed_{name}"]["tok_per_s"], case[f"speed_{name}"]["batch4_tok_per_s"],
                     case[f"speed_{name}"]["accept_length"][:1]) for name in ("alternating", "repeating")}
     sampled = case.get("grammar_sampled", [])
-    matching = f"{sum(s['matches'] for s in sampled)}/{len(sampled)}"
+    answered = [s for s in sampled if s["matches"] is not None]
+    matching = f"{sum(s['matches'] for s in answered)}/{len(answered)} ({len(sampled) - len(answered)} errors)"
     print(f"HYBRID[{sys.argv[3]}] grammar {same}/{len(ref['grammar'])} identical, sampled (top-k 20) {matching} "
           f"within the regex; sampled {case['sampled']}; "
           f"tok/s (b1, b4, accept) {speed}")

@@ -6,7 +6,7 @@ prompts, 240 new tokens): tokens/s at batch 1 (the class's three prompts, one af
 batch 4 (one call), and the acceptance length. Then the median over the repetitions, and each
 server's median ratio to the baseline server (the first CASE=PORT given, e.g. DFLASH), computed
 per repetition before the median is taken.
-SPEED_CONTEXTS=0,1000,1800 (default 0) also times each class after a longer context: its prompts
+SPEED_CONTEXTS=0,1000,1700 (default 0) also times each class after a longer context: its prompts
 repeated to that many tokens, keeping their pattern (keys such as repeating_c1000_b1). A tree's
 verify attends over the whole context for every node, so its lead may shrink as the context grows.
 

@@ -1,9 +1,8 @@
 """A DDTREE round's grammar constraint: each constrained request's accepted path, checked node by
 node against its grammar on the host, after the verify.
 
-SGLang's tree verify (EAGLE's, and rc.13's) fills a grammar bitmask for every node its grammar
-admits before the picks: a millisecond or more a fill on a large vocabulary, so a 64-node tree
-cost about 60 ms a round (run 27). Only the nodes on the accepted path need their grammar's mask,
+SGLang's tree verify (EAGLE's) fills a grammar bitmask for every node its grammar admits before
+the picks, so a constrained round's host work grows with the tree. Only the nodes on the accepted path need their grammar's mask,
 and a pick its grammar allows is already the masked pick where the sampler does not truncate: at
 T = 0 (or top-k 1) the argmax among the allowed tokens, and under temperature alone a draw that
 landed in the allowed set, which is a draw from the renormalised allowed distribution. Where the
