@@ -131,8 +131,10 @@ def tree_round(dd: ModuleType, seed: int, bs: int, budget: int, follow: float = 
 
 
 def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    flat = logits.reshape(-1, VOCAB)
-    return flat.masked_fill(~unpack(mask, VOCAB), float("-inf")).view(logits.shape)
+    """The logits with every token the bitmask refuses at -inf (rows: the flattened nodes)."""
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    return flat.masked_fill(~unpack(mask, vocab), float("-inf")).view(logits.shape)
 
 
 @pytest.mark.parametrize("budget", [16, 64])
@@ -252,8 +254,7 @@ def grammar_walk(dd: ModuleType, grammar_module: ModuleType, grammar: ModGrammar
         vocab_mask = grammar.allocate_vocab_mask(logits.shape[-1], picks.numel(), "cpu")
 
         def repick(rows: list[int]) -> list[int]:
-            allowed = unpack(vocab_mask, logits.shape[-1])
-            return logits.masked_fill(~allowed, float("-inf")).argmax(-1)[rows].tolist()
+            return masked(logits, vocab_mask).argmax(-1)[rows].tolist()
 
         grammar_module.ddtree_grammar_picks([grammar], next_token, next_sibling, ids, picks, vocab_mask, repick)
         lens, path = dd.follow_verified_tree_batch(tree, picks)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Drive one server on a tiny hybrid (GatedDeltaNet) target: ddtree_client.py's greedy
 prompts (batch 1 and batch 4) and speed runs, then a regex-constrained greedy request (the
-grammar rounds are tree rounds from overlay 0.3.0-rc.13, a DFlash chain fallback through the same hybrid backend before) and one
+grammar rounds are tree rounds from overlay 0.3.0-rc.13, a DFlash chain fallback through the
+same hybrid backend before) and one
 sampled request with a short timeout, timed (a T = 0.8 request on a hybrid DFLASH server
 with CUDA graphs was seen waiting 85-110 s before its prefill).
 
@@ -62,19 +63,16 @@ def main() -> None:
 def timed(url: str, prompt: object, sp: dict, timeout: float) -> dict:
     t = time.perf_counter()
     try:
-        x = requests.post(url + "/generate", json={**base.payload(prompt), "sampling_params": sp}, timeout=timeout)
-        return base.rec(prompt, x.json(), time.perf_counter() - t)
+        body = {**base.payload(prompt), "sampling_params": sp}
+        x = requests.post(url + "/generate", json=body, timeout=timeout).json()
+        return {**base.rec(prompt, x, time.perf_counter() - t), "text": x["text"]}
     except (requests.RequestException, KeyError, ValueError) as e:  # a timeout, or an error answer
         return {"prompt": prompt, "secs": round(time.perf_counter() - t, 2), "error": repr(e)[:200]}
 
 
 def regex_sampled(url: str, prompt: object) -> dict:
-    sp = {"temperature": 0.8, "top_k": 20, "max_new_tokens": 24, "regex": REGEX}
-    try:
-        x = requests.post(url + "/generate", json={**base.payload(prompt), "sampling_params": sp}, timeout=30).json()
-        return {"text": x["text"], "matches": re.fullmatch(PREFIX, x["text"]) is not None}
-    except (requests.RequestException, KeyError, ValueError) as e:  # a timeout, or an error answer
-        return {"error": repr(e)[:200], "matches": None}
+    answer = timed(url, prompt, {"temperature": 0.8, "top_k": 20, "max_new_tokens": 24, "regex": REGEX}, 30)
+    return {**answer, "matches": None if "error" in answer else re.fullmatch(PREFIX, answer["text"]) is not None}
 
 
 def speed_and_extras(url: str, greedy: dict) -> dict:
