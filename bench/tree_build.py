@@ -1,7 +1,9 @@
 """Benchmark: DDTree batch tree builder (overlay ddtree_utils.build_ddtree_batch) against a plain
 best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8; on CUDA also
-the fused Triton builder of overlay 0.3.0-rc.3 (``ddtree_build.py``: the same top-K in torch, then
-one program per request runs the pop loop), which rc.3's ``build_ddtree_batch`` runs on CUDA.
+the fused Triton builder (``ddtree_build.py``: the top-K in torch, then one program per request runs
+the pop loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: rc.3's (0.1.0's
+int64-key top-K, rc.3's kernel) and the newest (``NEWEST``: rc.16's 32-bit top-K with its ties
+repaired) side by side, and the newest kernel at each ``--warps`` count.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
 log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the
@@ -13,8 +15,8 @@ kernels), whose trees must equal the torch builder's exactly (tokens, scores, pa
     python bench/tree_build.py                      # CPU
     python bench/tree_build.py --device cuda        # GPU
 
-Prints times per call and the ratios heap / batch (and, on CUDA, heap / graph, heap / triton graph,
-and the graphed top-K alone), all measured in this one run.
+Prints times per call and the ratios heap / batch (and, on CUDA, heap / graph, heap / triton graph
+for rc.3's builder and the newest, and each one's graphed top-K alone), all measured in this one run.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ import importlib.util
 import math
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -38,6 +42,9 @@ OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 # A whole new file of 0.3.0-rc.3 (torch and triton only), so it loads by path like the core.
 DDTREE_BUILD_KERNEL = OVERLAYS / "0.3.0-rc.3/files/sglang/kernels/ops/speculative/ddtree_build.py"
+NEWEST = "ddtree@0.3.0-rc.16"  # the version whose top-K and kernel the "new" columns time
+NEWEST_CORE = "sglang/srt/speculative/ddtree_utils.py"
+NEWEST_KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 
 
 def load_module(name: str, path: Path) -> ModuleType:
@@ -51,6 +58,16 @@ def load_module(name: str, path: Path) -> ModuleType:
 
 def load_ddtree_utils() -> ModuleType:
     return load_module("ddtree_utils_overlay", DDTREE_UTILS)
+
+
+def load_newest(path: str) -> ModuleType:
+    """``path`` (inside the sglang package) as ``NEWEST`` lands it, resolved through its parents and
+    edits, written to a file first (Triton reads a kernel's source from its file)."""
+    from ddtree_deploy.catalog import load_overlay
+
+    target = Path(tempfile.mkdtemp(prefix="ddtree_bench_")) / Path(path).name
+    target.write_bytes(load_overlay(NEWEST, OVERLAYS.parent).content_of(path, None))
+    return load_module(f"{target.stem}_newest", target)
 
 
 # --------------------------------------------------------------------------- the heap baseline
@@ -103,24 +120,31 @@ def heap_build(draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, t
 
 
 # --------------------------------------------------------------------------- the Triton builder
-def triton_build(dd: ModuleType, kernel: ModuleType, draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
-    """What rc.3's build_ddtree_batch runs on CUDA: the torch top-K, then the fused kernels.
+@dataclass(frozen=True)
+class TritonBuilder:
+    """What ``build_ddtree_batch`` runs on CUDA from rc.3 on: the ``_ddtree_top_k`` of ``core``, then the
+    fused kernels of ``kernel``, at ``num_warps`` (None: the launcher's own rule)."""
 
-    Returns (tokens, depths, parents, visibility, scores, num_nodes)."""
-    top, ids = top_k(dd, draft_logits, budget)
-    return kernel.build_ddtree_trees_triton(log_probs=top, top_tokens=ids, budget=budget)
+    core: ModuleType
+    kernel: ModuleType
+    num_warps: int | None = None
+
+    def top_k(self, draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-K the build starts from (timed alone: how much of the build it is)."""
+        depth_limit = min(draft_logits.shape[1], budget)
+        return self.core._ddtree_top_k(draft_logits[:, :depth_limit], min(budget, draft_logits.shape[-1]))
+
+    def build(self, draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, ...]:
+        """(tokens, depths, parents, visibility, scores, num_nodes)."""
+        top, ids = self.top_k(draft_logits, budget)
+        warps = {} if self.num_warps is None else {"num_warps": self.num_warps}
+        return self.kernel.build_ddtree_trees_triton(log_probs=top, top_tokens=ids, budget=budget, **warps)
 
 
-def top_k(dd: ModuleType, draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-K that both builders start from (timed alone: how much of the Triton build it is)."""
-    depth_limit = min(draft_logits.shape[1], budget)
-    return dd._ddtree_top_k(draft_logits[:, :depth_limit], min(budget, draft_logits.shape[-1]))
-
-
-def check_triton_same(dd: ModuleType, kernel: ModuleType, logits: torch.Tensor, budget: int) -> None:
-    """The Triton trees equal the torch builder's bit for bit (same top-K, so tokens agree too)."""
+def check_triton_same(dd: ModuleType, builder: TritonBuilder, logits: torch.Tensor, budget: int) -> None:
+    """The Triton trees equal the torch builder's bit for bit (an exact top-K, so tokens agree too)."""
     batch = dd.build_ddtree_batch(logits, budget)
-    got = triton_build(dd, kernel, logits, budget)
+    got = builder.build(logits, budget)
     for name, value in zip(("tokens", "depths", "parents", "visibility", "scores", "num_nodes"), got, strict=True):
         if not torch.equal(value, getattr(batch, name)):
             raise SystemExit(f"triton builder disagrees with the batch builder at budget {budget}: {name}")
@@ -170,16 +194,24 @@ def check_same(dd: ModuleType, logits: torch.Tensor, budget: int) -> None:
 
 
 def graphed_columns(
-    dd: ModuleType, kernel: ModuleType, logits: torch.Tensor, budget: int, heap_s: float, repeats: int
+    dd: ModuleType, builders: tuple[TritonBuilder, TritonBuilder], warps: list[int], logits: torch.Tensor,
+    budget: int, heap_s: float, repeats: int,
 ) -> str:
-    """The CUDA-graph columns: the torch batch builder, the Triton builder, and its top-K alone."""
-    check_triton_same(dd, kernel, logits, budget)
-    triton = functools.partial(triton_build, dd, kernel)
-    torch.cuda.set_sync_debug_mode("error")  # the Triton build has no host sync either
-    triton(logits, budget)
-    torch.cuda.set_sync_debug_mode("default")
+    """The CUDA-graph columns: the torch batch builder, rc.3's and the newest Triton builder with each
+    one's top-K alone, then the newest at each count of ``warps`` (heap / time)."""
+    newest = builders[1]
+    timings: list[tuple[Callable[[torch.Tensor, int], object], int]] = [(dd.build_ddtree_batch, 10)]
+    for builder in builders:
+        check_triton_same(dd, builder, logits, budget)
+        torch.cuda.set_sync_debug_mode("error")  # the Triton build has no host sync either
+        builder.build(logits, budget)
+        torch.cuda.set_sync_debug_mode("default")
+        timings += [(builder.build, 11), (builder.top_k, 0)]
+    for count in warps:
+        check_triton_same(dd, replace(newest, num_warps=count), logits, budget)
+        timings.append((replace(newest, num_warps=count).build, 8))
     cells = []
-    for build, width in ((dd.build_ddtree_batch, 10), (triton, 11), (functools.partial(top_k, dd), 0)):
+    for build, width in timings:
         replay = graph_replay(build, logits, budget)
         graph_s = timed(replay, logits.device, repeats) if replay is not None else math.nan
         cells.append(f" {graph_s * 1e3:>9.2f}" + (f" {heap_s / graph_s:>{width}.1f}" if width else ""))
@@ -195,18 +227,25 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--warps", type=int, nargs="*", default=[], help="CUDA: also the newest kernel at these warps")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dd = load_ddtree_utils()
     cuda = device.type == "cuda"
-    kernel = load_module("ddtree_build_overlay", DDTREE_BUILD_KERNEL) if cuda else None
+    builders = (
+        TritonBuilder(dd, load_module("ddtree_build_overlay", DDTREE_BUILD_KERNEL)),
+        TritonBuilder(load_newest(NEWEST_CORE), load_newest(NEWEST_KERNEL)),
+    ) if cuda else None
     print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'})")
     print(f"torch {torch.__version__}, L={args.length}, V={args.vocab}, bf16 logits, median of {args.repeats}")
     header = f"{'bs':>3} {'budget':>6} {'heap ms':>9} {'batch ms':>9} {'heap/batch':>10}"
     if cuda:
-        header += f" {'graph ms':>9} {'heap/graph':>10} {'triton ms':>9} {'heap/triton':>11} {'top-K ms':>9}"
+        header += f" {'graph ms':>9} {'heap/graph':>10}"
+        for label in ("rc.3", "new"):
+            header += f" {label + ' ms':>9} {'heap/' + label:>11} {label + ' top-K':>9}"
+        header += "".join(f" {f'{w}w ms':>9} {'heap/' + str(w) + 'w':>8}" for w in args.warps)
     print(header)
     g = torch.Generator(device="cpu").manual_seed(0)
     for bs in args.batch:
@@ -223,8 +262,8 @@ def main() -> None:
             if cuda:
                 torch.cuda.set_sync_debug_mode("default")
             line = f"{bs:>3} {budget:>6} {heap_s * 1e3:>9.2f} {batch_s * 1e3:>9.2f} {heap_s / batch_s:>10.1f}"
-            if kernel is not None:
-                line += graphed_columns(dd, kernel, logits, budget, heap_s, args.repeats)
+            if builders is not None:
+                line += graphed_columns(dd, builders, args.warps, logits, budget, heap_s, args.repeats)
             print(line, flush=True)
 
 

@@ -1,10 +1,11 @@
 """Overlay ddtree 0.3.0-rc.3's fused Triton tree builder (``ddtree_build.py``) against the torch batch
-builder and the reference heap, on the CPU through Triton's interpreter (numpy, float64 as on the GPU).
+builder and the reference heap, on the CPU through Triton's interpreter (numpy, float64 as on the GPU);
+and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
 this process or other tests, whatever order pytest runs them in. The child builds every case through
-rc.3's own ``build_ddtree_batch`` with its CUDA dispatch pointed at the interpreted kernels (the path
+the version's own ``build_ddtree_batch`` with its CUDA dispatch pointed at the interpreted kernels (the path
 the GPU takes, top-K included) and hands the trees back; the comparisons run here.
 """
 
@@ -22,7 +23,7 @@ from types import ModuleType
 import pytest
 import torch
 
-SPEC = "ddtree@0.3.0-rc.3"
+SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16"]
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 FIELDS = ("tokens", "depths", "parents", "visibility", "scores", "num_nodes")
@@ -78,10 +79,15 @@ def all_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
     return dict(zip(NAMES, zip(logits, budgets, strict=True), strict=True))
 
 
+@pytest.fixture(scope="module", params=SPECS)
+def spec(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def rc3(decode_tool: ModuleType) -> ModuleType:
-    """rc.3's ddtree_utils.py (its torch builder: what the kernels must equal)."""
-    return decode_tool.load_overlay_module(SPEC, UTILS)
+def core(decode_tool: ModuleType, spec: str) -> ModuleType:
+    """The version's ddtree_utils.py (its torch builder: what the kernels must equal)."""
+    return decode_tool.load_overlay_module(spec, UTILS)
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +96,13 @@ def cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
 
 
 @pytest.fixture(scope="module")
-def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tuple[torch.Tensor, int]]) -> dict[str, dict]:
+def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tuple[torch.Tensor, int]], spec: str) -> dict[str, dict]:
     """Every case built by the interpreted kernels, in one child process; also the launcher's refusals."""
     from ddtree_deploy.catalog import load_overlay
     from tests.ddtree.conftest import OVERLAYS
 
     work = tmp_path_factory.mktemp("triton")
-    overlay = load_overlay(SPEC, OVERLAYS)
+    overlay = load_overlay(spec, OVERLAYS)
     for path in (KERNEL, UTILS):  # the interpreter reads a kernel's source from its file
         (work / Path(path).name).write_bytes(overlay.content_of(path, None))
     torch.save(cases, work / "cases.pt")
@@ -106,8 +112,8 @@ def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tupl
     return torch.load(work / "trees.pt")
 
 
-def kernel_batch(rc3: ModuleType, built: dict, budget: int) -> object:
-    return rc3.DDTreeBatch(**built, budget=budget)
+def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
+    return core.DDTreeBatch(**built, budget=budget)
 
 
 # --------------------------------------------------------------------------- the comparisons
@@ -115,14 +121,14 @@ def kernel_batch(rc3: ModuleType, built: dict, budget: int) -> object:
     ("name", "pop"), [(n, "two-reductions") for n in NAMES] + [(n, "one-reduction") for n in ONE_REDUCTION]
 )
 def test_kernel_trees_equal_the_heap_and_the_torch_builder(
-    rc3: ModuleType, cases: dict[str, tuple[torch.Tensor, int]], from_kernels: dict[str, dict], name: str, pop: str
+    core: ModuleType, cases: dict[str, tuple[torch.Tensor, int]], from_kernels: dict[str, dict], name: str, pop: str
 ) -> None:
     """Both ways of popping (the interpreter's two reductions, the GPU's one) on every case they ran."""
     from tests.ddtree.test_tree_build import assert_same_tree
 
     logits, budget = cases[name]
-    got = kernel_batch(rc3, from_kernels[f"{name}/{pop}"], budget)
-    torch_batch = rc3.build_ddtree_batch(logits, budget)
+    got = kernel_batch(core, from_kernels[f"{name}/{pop}"], budget)
+    torch_batch = core.build_ddtree_batch(logits, budget)
     assert got.max_depth == torch_batch.max_depth and got.scores_exact.all()
     for field in FIELDS:  # same padding, dtypes and shapes as the torch builder's
         value, expected = getattr(got, field), getattr(torch_batch, field)
@@ -130,19 +136,19 @@ def test_kernel_trees_equal_the_heap_and_the_torch_builder(
         if torch_batch.scores_exact.all():
             assert torch.equal(value, expected), field
     for b in range(logits.shape[0]):  # the heap, node for node, float64 score bits included
-        single = rc3.build_ddtree_tree(logits[b], budget)
+        single = core.build_ddtree_tree(logits[b], budget)
         assert int(got.num_nodes[b]) == single.num_nodes
         assert_same_tree(single, got.tree(b))
-        rc3.assert_prefix_closed(got.tree(b))
+        core.assert_prefix_closed(got.tree(b))
 
 
-def test_the_cases_hold_what_the_kernel_must_get_right(rc3: ModuleType, cases: dict, from_kernels: dict) -> None:
+def test_the_cases_hold_what_the_kernel_must_get_right(core: ModuleType, cases: dict, from_kernels: dict) -> None:
     """Exact score ties inside trees, a token under many parents, short and root-only trees, and scores
     that differ from the closed form parent + logp (the fold's float64 rounding, where the torch
     builder's one replay pass gives up): the cases are hard."""
     from tests.ddtree.test_tree_build import rank_paths
 
-    trees = {name: kernel_batch(rc3, from_kernels[f"{name}/two-reductions"], cases[name][1]) for name in NAMES}
+    trees = {name: kernel_batch(core, from_kernels[f"{name}/two-reductions"], cases[name][1]) for name in NAMES}
     tied = repeated = 0
     for tree in trees.values():
         for b in range(tree.num_nodes.shape[0]):
@@ -158,11 +164,11 @@ def test_the_cases_hold_what_the_kernel_must_get_right(rc3: ModuleType, cases: d
     for name in (n for n in NAMES if n.startswith("rounding")):
         logits, budget = cases[name][0][0], cases[name][1]
         tree = trees[name].tree(0)
-        top, _ = rc3._ddtree_top_k(logits, min(budget, logits.shape[-1]))
+        top, _ = core._ddtree_top_k(logits, min(budget, logits.shape[-1]))
         parents, scores = tree.parents.tolist(), [0.0] + tree.scores.tolist()
-        closed_form = [scores[parents[i]] + top[len(p) - 1, p[-1]].double().item() for i, p in enumerate(rank_paths(rc3, logits, tree), 1)]
+        closed_form = [scores[parents[i]] + top[len(p) - 1, p[-1]].double().item() for i, p in enumerate(rank_paths(core, logits, tree), 1)]
         assert closed_form != scores[1:], name
-        assert not rc3.build_ddtree_batch(logits[None], budget).scores_exact.all(), name
+        assert not core.build_ddtree_batch(logits[None], budget).scores_exact.all(), name
 
 
 def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
@@ -176,15 +182,15 @@ def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
 
 @pytest.mark.parametrize("budget", [0, -3])
 def test_non_positive_budgets_stay_root_only_without_the_kernel(
-    rc3: ModuleType, monkeypatch: pytest.MonkeyPatch, budget: int
+    core: ModuleType, monkeypatch: pytest.MonkeyPatch, budget: int
 ) -> None:
-    monkeypatch.setattr(rc3, "_ddtree_triton_builder", lambda device: pytest.fail("kernel called"))
-    batch = rc3.build_ddtree_batch(torch.randn(2, 4, 16), budget)
+    monkeypatch.setattr(core, "_ddtree_triton_builder", lambda device: pytest.fail("kernel called"))
+    batch = core.build_ddtree_batch(torch.randn(2, 4, 16), budget)
     assert batch.num_nodes.tolist() == [0, 0] and batch.parents.shape == (2, max(budget, 0) + 1)
 
 
-def test_the_cpu_keeps_the_torch_builder(rc3: ModuleType) -> None:
-    assert rc3._ddtree_triton_builder(torch.device("cpu")) is None
+def test_the_cpu_keeps_the_torch_builder(core: ModuleType) -> None:
+    assert core._ddtree_triton_builder(torch.device("cpu")) is None
 
 
 # --------------------------------------------------------------------------- the child process
@@ -214,7 +220,7 @@ def _refusals(kernel: ModuleType) -> list[str]:
 
 
 def _build_with_kernels(work: Path) -> None:
-    """rc.3's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels."""
+    """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels."""
     assert os.environ["TRITON_INTERPRET"] == "1" and "triton" not in sys.modules
     torch.set_num_threads(1)
     utils, kernel = _load(work / Path(UTILS).name), _load(work / Path(KERNEL).name)

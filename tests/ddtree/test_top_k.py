@@ -1,0 +1,59 @@
+"""Overlay ddtree 0.3.0-rc.16's top-K (a 32-bit select whose ties at its cut are repaired) gives 0.1.0's
+int64-key ``_ddtree_top_k`` log-probs and tokens bit for bit on every logit family of the tree tests,
+ties, masked (-inf) vocabularies and fully masked rows included; and bench/top_k.py fails when the
+top-K it times differs from the reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import ModuleType
+
+import pytest
+import torch
+
+from bench import top_k as bench
+
+RC16 = "ddtree@0.3.0-rc.16"
+FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
+
+
+@pytest.fixture(scope="module")
+def rc16(decode_tool: ModuleType) -> ModuleType:
+    return decode_tool.load_overlay_module(RC16, "sglang/srt/speculative/ddtree_utils.py")
+
+
+def assert_same_top_k(want: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor, torch.Tensor]) -> None:
+    assert torch.equal(want[1], got[1])
+    assert torch.equal(want[0].view(torch.int32), got[0].view(torch.int32))  # NaN rows bit for bit too
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rc16_top_k_is_the_reference_top_k(dd010: ModuleType, rc16: ModuleType,
+                                           make_logits: Callable[..., torch.Tensor], family: str) -> None:
+    for seed in range(10):
+        logits = make_logits(family, (2, 4, 30 + seed), seed)
+        for k in {1, 1 + 3 * seed, logits.shape[-1]}:
+            assert_same_top_k(dd010._ddtree_top_k(logits, k), rc16._ddtree_top_k(logits, k))
+
+
+def test_a_fully_masked_row_keeps_the_reference_order(dd010: ModuleType, rc16: ModuleType) -> None:
+    logits = torch.randn(2, 3, 40, generator=torch.Generator().manual_seed(3))
+    logits[0, 1] = float("-inf")  # log_softmax gives NaN there
+    for k in (5, 40):
+        assert_same_top_k(dd010._ddtree_top_k(logits, k), rc16._ddtree_top_k(logits, k))
+
+
+def test_the_smallest_ids_of_a_tie_at_the_cut_are_taken(rc16: ModuleType) -> None:
+    logits = torch.zeros(1, 2, 50)
+    logits[0, 0, [40, 7]] = 2.0  # two above the cut, then 48 tokens tied for the last 3 places
+    logits[0, 1, :] = -1.0
+    logits[0, 1, [49, 30, 2, 11]] = 0.5  # a tie of four above, cut inside it at k = 3
+    _, tokens = rc16._ddtree_top_k(logits, 3)
+    assert tokens.tolist() == [[[7, 40, 0], [2, 11, 30]]]
+
+
+def test_the_bench_fails_when_the_top_k_it_times_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = ["--device", "cpu", "--no-timing", "--budgets", "16", "--batch", "1", "--vocab", "512"]
+    assert bench.main(run) == 0
+    monkeypatch.setattr(bench, "load_newest", lambda path: type("Core", (), {"_ddtree_top_k": bench.float_top_k}))
+    assert bench.main(run) == 1  # the float32 floor takes a planted tie in another order
