@@ -1,4 +1,5 @@
-"""Overlay ddtree 0.3.0-rc.14's grammar-constrained rounds (``ddtree_grammar.py``), on the CPU.
+"""Overlay ddtree 0.3.0-rc.14's grammar-constrained rounds (``ddtree_grammar.py``), on the CPU, as the
+newest version that changed them lands them (rc.16: keyword arguments, the redraw rule moved there).
 
 rc.13 built each constrained request's masks the way SGLang's EAGLE tree verify does: SGLang's own
 ``generate_token_bitmask`` / ``traverse_tree`` (lifted here from the release's spec_utils.py) over
@@ -35,6 +36,7 @@ from ddtree_deploy.catalog import load_overlay
 from tests.ddtree.conftest import OVERLAYS, lift_release
 
 RC14 = "ddtree@0.3.0-rc.14"
+GRAMMAR = "ddtree@0.3.0-rc.16"  # the newest version that changed the walk or the core it runs on
 VOCAB, DEPTHS = 64, 7
 BITS = torch.arange(32, dtype=torch.int64)
 
@@ -87,13 +89,13 @@ class ModGrammar:
 
 @pytest.fixture(scope="module")
 def grammar_module(decode_tool: ModuleType) -> ModuleType:
-    return decode_tool.load_overlay_module(RC14, "sglang/srt/speculative/ddtree_grammar.py")
+    return decode_tool.load_overlay_module(GRAMMAR, "sglang/srt/speculative/ddtree_grammar.py")
 
 
 @pytest.fixture(scope="module")
 def dd(decode_tool: ModuleType) -> ModuleType:
-    """rc.14's ddtree_utils.py (the tree build, links and walk the round runs)."""
-    return decode_tool.load_overlay_module(RC14, decode_tool.DDTREE_UTILS)
+    """The newest ddtree_utils.py (the tree build, links and walk the round runs)."""
+    return decode_tool.load_overlay_module(GRAMMAR, decode_tool.DDTREE_UTILS)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +159,8 @@ def test_greedy_walk_equals_the_fully_masked_tree(dd: ModuleType, grammar_module
         def repick(rows: list[int], logits: torch.Tensor = logits, vocab_mask: torch.Tensor = vocab_mask) -> list[int]:
             return masked(logits, vocab_mask).reshape(-1, VOCAB).argmax(-1)[rows].tolist()
 
-        changed = grammar_module.ddtree_grammar_picks(lazy, next_token, next_sibling, ids, picks, vocab_mask, repick)
+        changed = grammar_module.ddtree_grammar_picks(lazy, next_token=next_token, next_sibling=next_sibling, ids=ids,
+                                                      picks=picks, vocab_mask=vocab_mask, repick=repick)
         lens, path = dd.follow_verified_tree_batch(tree, picks)
         assert torch.equal(lens, want_lens) and torch.equal(path, want_path), f"seed {seed}"
         assert torch.equal(picks.gather(1, path), want_picks.gather(1, path)), f"seed {seed}: picks on the path"
@@ -219,7 +222,8 @@ def test_sampled_walk_follows_the_masked_distribution(dd: ModuleType, grammar_mo
             return sample(logits.reshape(-1, VOCAB)[flat_rows], unpack(vocab_mask[flat_rows], VOCAB)).tolist()
 
         grammars = [ModGrammar(1) for _ in range(rows)]
-        assert grammar_module.ddtree_grammar_picks(grammars, next_token, next_sibling, ids, picks, vocab_mask, repick,
+        assert grammar_module.ddtree_grammar_picks(grammars, next_token=next_token, next_sibling=next_sibling, ids=ids,
+                                                   picks=picks, vocab_mask=vocab_mask, repick=repick,
                                                    redraw=[redraw] * rows)
         return committed(tree, picks, ids, dd)
 
@@ -256,7 +260,8 @@ def grammar_walk(dd: ModuleType, grammar_module: ModuleType, grammar: ModGrammar
         def repick(rows: list[int]) -> list[int]:
             return masked(logits, vocab_mask).argmax(-1)[rows].tolist()
 
-        grammar_module.ddtree_grammar_picks([grammar], next_token, next_sibling, ids, picks, vocab_mask, repick)
+        grammar_module.ddtree_grammar_picks([grammar], next_token=next_token, next_sibling=next_sibling, ids=ids,
+                                            picks=picks, vocab_mask=vocab_mask, repick=repick)
         lens, path = dd.follow_verified_tree_batch(tree, picks)
         accepted = path[0, : int(lens[0])]
         for token in [*ids[0, accepted[1:]].tolist(), int(picks[0, accepted[-1]])]:
@@ -318,9 +323,25 @@ def test_a_repick_the_grammar_still_refuses_ends_the_walk(dd: ModuleType, gramma
     grammar.allowed = lambda: torch.zeros(VOCAB, dtype=torch.bool)  # type: ignore[method-assign]
     picks = logits.argmax(-1)
     vocab_mask = grammar.allocate_vocab_mask(VOCAB, picks.numel(), "cpu")
-    changed = grammar_module.ddtree_grammar_picks([grammar], next_token, next_sibling, ids, picks, vocab_mask,
-                                                  lambda rows: [0] * len(rows))
+    changed = grammar_module.ddtree_grammar_picks([grammar], next_token=next_token, next_sibling=next_sibling, ids=ids,
+                                                  picks=picks, vocab_mask=vocab_mask, repick=lambda rows: [0] * len(rows))
     assert changed == [0] and int(picks[0, 0]) == 0 and grammar.states == [0] and grammar.fills == 1
+
+
+def sampling(top_ks: list[int], top_ps: list[float], min_ps: list[float] | None = None) -> SimpleNamespace:
+    """The fields of SGLang's SamplingBatchInfo that the redraw rule reads."""
+    return SimpleNamespace(is_all_greedy=all(k == 1 for k in top_ks) and min_ps is None, top_ks=torch.tensor(top_ks),
+                           top_ps=torch.tensor(top_ps), need_min_p_sampling=min_ps is not None,
+                           min_ps=torch.tensor(min_ps or [0.0] * len(top_ks)))
+
+
+def test_truncating_samplers_are_the_ones_that_cut(grammar_module: ModuleType) -> None:
+    """top-k above 1 and below V, top-p, min-p cut the distribution (their walks redraw every pick);
+    top-k 1 (greedy), top-k V and temperature alone do not; an all-greedy batch gives None."""
+    rule = grammar_module.ddtree_truncating_samplers
+    assert rule(sampling([1, 1], [1.0, 1.0]), VOCAB) is None
+    assert rule(sampling([20, 1, VOCAB, VOCAB], [1.0, 1.0, 1.0, 0.9]), VOCAB) == [True, False, False, True]
+    assert rule(sampling([VOCAB, VOCAB], [1.0, 1.0], [0.0, 0.05]), VOCAB) == [False, True]
 
 
 @pytest.mark.parametrize(("backend", "refused"), [("xgrammar", False), ("llguidance", False), (None, False),
