@@ -1,20 +1,22 @@
 """Benchmark: the DDTree tree build's top-K, overlay 0.1.0's ``_ddtree_top_k`` (one int64 key per
 vocabulary entry: the log-prob's order-preserving image, then the token id) against the newest
-version's (``bench.tree_build.NEWEST``, rc.16: a 32-bit select whose ties at its cut are repaired),
-each replayed from a CUDA graph, with the float32 floor beside them.
+version's (``bench.tree_build.NEWEST``, rc.16), each replayed from a CUDA graph, with the float32 floor
+beside them.
 
 Run 26 (H100) put the top-K at 0.27 ms of the fused Triton build's 0.56 ms at budget 512, batch 1
 (L = 15, V = 151936). ``torch.topk``'s radix select over 64-bit keys takes twice the passes of a
-32-bit one. rc.16's top-K selects over the int32 image alone, which is right as a set except among
-the entries equal to its K-th value; those become the smallest token ids at that value (a search
-over their running count), and one sort of the K by the int64 key orders them. ``float32`` is
-``torch.topk`` of the float32 log-probs alone: the floor a 32-bit select reaches, NOT exact (ties in
-any order); timed, never used.
+32-bit one. rc.16 has a second path, a select over the int32 image alone, which is right as a set
+except among the entries equal to its K-th value; those become the smallest token ids at that value
+(a search over their running count), and one sort of the K by the int64 key orders them. Its rule
+takes that path from ``_DDTREE_SELECT32_MIN_ROWS`` rows (requests x depths) on. Columns: 0.1.0's,
+rc.16's 32-bit path forced, rc.16's rule, and ``float32``: ``torch.topk`` of the float32 log-probs
+alone, the floor a 32-bit select reaches, NOT exact (ties in any order); timed, never used.
 
 Run 26 (H200): a chunked int64 top-K (the top-K of every chunk, then of the candidates) was equal
-and slower (0.50-1.01x); the float32 floor 1.83-2.35x faster than the reference.
+and slower (0.50-1.01x); the float32 floor 1.83-2.35x faster than the reference. Run 28 (H100): the
+32-bit path 0.82x the reference at batch 1 (15 rows), 1.2x at batch 8 (120 rows).
 
-    PYTHONPATH=/tmp/site python -m bench.top_k --device cuda --budgets 64 512 1024 --batch 1 8
+    PYTHONPATH=/tmp/site python -m bench.top_k --device cuda --budgets 64 512 --batch 1 2 4 8
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ from types import ModuleType
 import torch
 
 from bench.tree_build import DDTREE_UTILS, NEWEST, NEWEST_CORE, graph_replay, load_module, load_newest
+
+
+def min_rows(core: ModuleType, rows: int) -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]:
+    """``core``'s top-K with its rule's threshold at ``rows`` (0: always the 32-bit select). A CUDA
+    graph captures the path taken while it is set."""
+
+    def top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        saved, core._DDTREE_SELECT32_MIN_ROWS = core._DDTREE_SELECT32_MIN_ROWS, rows
+        try:
+            return core._ddtree_top_k(draft_logits, k)
+        finally:
+            core._DDTREE_SELECT32_MIN_ROWS = saved
+
+    return top_k
 
 
 def float_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,26 +87,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budgets", type=int, nargs="+", default=[64, 512, 1024])
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--length", type=int, default=15)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--repeats", type=int, default=51)
     parser.add_argument("--no-timing", action="store_true", help="the equality check only (no CUDA)")
     args = parser.parse_args(argv)
     dd = load_module("ddtree_utils_overlay", DDTREE_UTILS)
-    newest = load_newest(NEWEST_CORE)._ddtree_top_k
+    core = load_newest(NEWEST_CORE)
+    variants = {"32-bit": min_rows(core, 0), "rule": core._ddtree_top_k}
     failed = False
     for bs in args.batch:
         logits = draft_like_logits(bs, args.length, args.vocab, args.device)
         for budget in args.budgets:
             k = min(budget, args.vocab)
-            same = same_as_reference(dd, logits, k, newest)
-            failed |= not same
-            line = f"bs {bs} budget {budget}: {NEWEST} {'equal' if same else 'DIFFERENT'}"
+            same = {name: same_as_reference(dd, logits, k, variant) for name, variant in variants.items()}
+            failed |= not all(same.values())
+            line = f"bs {bs} budget {budget}: {NEWEST} " + ", ".join(
+                f"{name} {'equal' if ok else 'DIFFERENT'}" for name, ok in same.items())
             if not args.no_timing:
                 ref = graphed_ms(functools.partial(dd._ddtree_top_k, k=k), logits, args.repeats)
                 cells = [f"0.1.0 {ref * 1e3:.0f} us"]
-                for name, variant in (("new", newest), ("float32", float_top_k)):
+                for name, variant in (*variants.items(), ("float32", float_top_k)):
                     ms = graphed_ms(functools.partial(variant, k=k), logits, args.repeats)
                     cells.append(f"{name} {ms * 1e3:.0f} us ({ref / ms:.2f}x)")
                 line += "; " + "; ".join(cells)

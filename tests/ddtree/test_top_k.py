@@ -1,12 +1,13 @@
-"""Overlay ddtree 0.3.0-rc.16's top-K (a 32-bit select whose ties at its cut are repaired) gives 0.1.0's
-int64-key ``_ddtree_top_k`` log-probs and tokens bit for bit on every logit family of the tree tests,
-ties, masked (-inf) vocabularies and fully masked rows included; and bench/top_k.py fails when the
-top-K it times differs from the reference."""
+"""Overlay ddtree 0.3.0-rc.16's top-K gives 0.1.0's int64-key ``_ddtree_top_k`` log-probs and tokens bit for
+bit on every logit family of the tree tests, ties, masked (-inf) vocabularies and fully masked rows
+included, down both of its paths (the int64 key below ``_DDTREE_SELECT32_MIN_ROWS`` rows, a 32-bit select
+whose ties at its cut are repaired from there); and bench/top_k.py fails when a top-K it times differs
+from the reference."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -18,8 +19,26 @@ FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
 
 
 @pytest.fixture(scope="module")
-def rc16(decode_tool: ModuleType) -> ModuleType:
+def core(decode_tool: ModuleType) -> ModuleType:
     return decode_tool.load_overlay_module(RC16, "sglang/srt/speculative/ddtree_utils.py")
+
+
+@pytest.fixture(params=["key64", "select32"])
+def rc16(core: ModuleType, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> ModuleType:
+    """rc.16's core with its top-K's path forced (the threshold of its rule moved past every case)."""
+    monkeypatch.setattr(core, "_DDTREE_SELECT32_MIN_ROWS", 1 << 30 if request.param == "key64" else 0)
+    return core
+
+
+def test_the_rule_takes_the_select_from_its_row_count(core: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    for path in ("key64", "select32"):
+        real = getattr(core, f"_ddtree_{path}_tokens")
+        monkeypatch.setattr(core, f"_ddtree_{path}_tokens", lambda o, k, p=path, f=real: calls.append(p) or f(o, k))
+    rows = core._DDTREE_SELECT32_MIN_ROWS
+    core._ddtree_top_k(torch.randn(1, rows - 1, 50), 4)
+    core._ddtree_top_k(torch.randn(2, rows // 2, 50), 4)
+    assert calls == ["key64", "select32"]
 
 
 def assert_same_top_k(want: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -55,5 +74,6 @@ def test_the_smallest_ids_of_a_tie_at_the_cut_are_taken(rc16: ModuleType) -> Non
 def test_the_bench_fails_when_the_top_k_it_times_differs(monkeypatch: pytest.MonkeyPatch) -> None:
     run = ["--device", "cpu", "--no-timing", "--budgets", "16", "--batch", "1", "--vocab", "512"]
     assert bench.main(run) == 0
-    monkeypatch.setattr(bench, "load_newest", lambda path: type("Core", (), {"_ddtree_top_k": bench.float_top_k}))
+    wrong = SimpleNamespace(_ddtree_top_k=bench.float_top_k, _DDTREE_SELECT32_MIN_ROWS=0)
+    monkeypatch.setattr(bench, "load_newest", lambda path: wrong)
     assert bench.main(run) == 1  # the float32 floor takes a planted tie in another order
