@@ -14,7 +14,8 @@ alone, the floor a 32-bit select reaches, NOT exact (ties in any order); timed, 
 
 Run 26 (H200): a chunked int64 top-K (the top-K of every chunk, then of the candidates) was equal
 and slower (0.50-1.01x); the float32 floor 1.83-2.35x faster than the reference. Run 28 (H100): the
-32-bit path 0.82x the reference at batch 1 (15 rows), 1.2x at batch 8 (120 rows).
+32-bit path 0.83-0.85x the reference at batch 1 (15 rows), 0.95-0.99x at 2 (30 rows),
+1.14-1.21x from batch 3 (45 rows) to 8 (120 rows), at budgets 64 and 512 (`docs/gpu-runs/run28/call4/top_k.txt`).
 
     PYTHONPATH=/tmp/site python -m bench.top_k --device cuda --budgets 64 512 --batch 1 2 4 8
 """
