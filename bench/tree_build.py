@@ -70,6 +70,14 @@ def load_newest(path: str) -> ModuleType:
     return load_module(f"{target.stem}_newest", target)
 
 
+def load_newest_pair() -> tuple[ModuleType, ModuleType]:
+    """``NEWEST``'s ddtree_utils and its Triton kernels, the core's CUDA top-K pointed at those kernels
+    (the bench's sglang is the pristine release, where the core's own import finds none)."""
+    core, kernel = load_newest(NEWEST_CORE), load_newest(NEWEST_KERNEL)
+    core._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton if device.type == "cuda" else None
+    return core, kernel
+
+
 # --------------------------------------------------------------------------- the heap baseline
 def heap_tree(log_probs: list[list[float]], token_ids: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
     """Best-first expansion of one request: (node tokens, parents with parents[0] = -1)."""
@@ -236,7 +244,7 @@ def main() -> None:
     cuda = device.type == "cuda"
     builders = (
         TritonBuilder(dd, load_module("ddtree_build_overlay", DDTREE_BUILD_KERNEL)),
-        TritonBuilder(load_newest(NEWEST_CORE), load_newest(NEWEST_KERNEL)),
+        TritonBuilder(*load_newest_pair()),
     ) if cuda else None
     print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'})")
     print(f"torch {torch.__version__}, L={args.length}, V={args.vocab}, bf16 logits, median of {args.repeats}")

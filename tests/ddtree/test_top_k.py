@@ -7,7 +7,7 @@ from the reference."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
 import pytest
 import torch
@@ -74,6 +74,7 @@ def test_the_smallest_ids_of_a_tie_at_the_cut_are_taken(rc16: ModuleType) -> Non
 def test_the_bench_fails_when_the_top_k_it_times_differs(monkeypatch: pytest.MonkeyPatch) -> None:
     run = ["--device", "cpu", "--no-timing", "--budgets", "16", "--batch", "1", "--vocab", "512"]
     assert bench.main(run) == 0
-    wrong = SimpleNamespace(_ddtree_top_k=bench.float_top_k, _DDTREE_SELECT32_MIN_ROWS=0)
-    monkeypatch.setattr(bench, "load_newest", lambda path: wrong)
+    core, kernel = bench.load_newest_pair()
+    monkeypatch.setattr(core, "_ddtree_top_k", bench.float_top_k)
+    monkeypatch.setattr(bench, "load_newest_pair", lambda: (core, kernel))
     assert bench.main(run) == 1  # the float32 floor takes a planted tie in another order

@@ -96,7 +96,8 @@ def cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
 
 
 @pytest.fixture(scope="module")
-def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tuple[torch.Tensor, int]], spec: str) -> dict[str, dict]:
+def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tuple[torch.Tensor, int]], spec: str,
+                 make_logits: MakeLogits) -> dict[str, dict]:
     """Every case built by the interpreted kernels, in one child process; also the launcher's refusals."""
     from ddtree_deploy.catalog import load_overlay
     from tests.ddtree.conftest import OVERLAYS
@@ -105,11 +106,34 @@ def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tupl
     overlay = load_overlay(spec, OVERLAYS)
     for path in (KERNEL, UTILS):  # the interpreter reads a kernel's source from its file
         (work / Path(path).name).write_bytes(overlay.content_of(path, None))
-    torch.save(cases, work / "cases.pt")
+    torch.save({**cases, "top_k": top_k_cases(make_logits)}, work / "cases.pt")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     child = subprocess.run([sys.executable, __file__, str(work)], env=env, capture_output=True, text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-4000:]
     return torch.load(work / "trees.pt")
+
+
+def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
+    """Rows longer than the repair's 4,096-entry chunks, tie-heavy, one fully masked (NaN) row."""
+    masked = make_logits("bf16", (2, 3, 9000), 3).float()
+    masked[1, 2] = float("-inf")
+    return {"bf16-k7": (make_logits("bf16", (2, 3, 9000), 1), 7), "integer-k60": (make_logits("integer", (1, 4, 8200), 2), 60),
+            "masked-k33": (masked, 33)}
+
+
+def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, from_kernels: dict,
+                                                 make_logits: MakeLogits) -> None:
+    """rc.16's interpreted top-K kernels give the int64 key's log-probs and tokens bit for bit (rc.3's top-K
+    is the int64 key itself: it has no kernels for it)."""
+    if spec == "ddtree@0.3.0-rc.3":
+        assert not hasattr(core, "_ddtree_key64_tokens") and not any(key.startswith("top_k/") for key in from_kernels)
+        return
+    for name, (logits, k) in top_k_cases(make_logits).items():
+        log_probs, ordered = core._ddtree_log_probs_and_images(logits)
+        tokens = core._ddtree_key64_tokens(ordered, k)
+        got_log_probs, got_tokens = from_kernels[f"top_k/{name}"]
+        assert torch.equal(got_tokens, tokens), name
+        assert torch.equal(got_log_probs.view(torch.int32), log_probs.gather(-1, tokens).view(torch.int32)), name
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -220,12 +244,18 @@ def _refusals(kernel: ModuleType) -> list[str]:
 
 
 def _build_with_kernels(work: Path) -> None:
-    """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels."""
+    """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels (rc.16 on:
+    its Triton top-K too, at every row count), and that top-K alone on TOP_K_CASES."""
     assert os.environ["TRITON_INTERPRET"] == "1" and "triton" not in sys.modules
     torch.set_num_threads(1)
     utils, kernel = _load(work / Path(UTILS).name), _load(work / Path(KERNEL).name)
     trees: dict[str, object] = {"refusals": _refusals(kernel)}
     cases = torch.load(work / "cases.pt")
+    if hasattr(kernel, "ddtree_top_k_triton"):
+        utils._DDTREE_SELECT32_MIN_ROWS = 0
+        utils._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton
+        for name, (logits, k) in cases["top_k"].items():
+            trees[f"top_k/{name}"] = utils._ddtree_top_k(logits, k)
     for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
         builder = functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction")
         utils._ddtree_triton_builder = lambda device, builder=builder: builder
