@@ -5,20 +5,17 @@ beside them.
 
 Run 26 (H100) put the top-K at 0.27 ms of the fused Triton build's 0.56 ms at budget 512, batch 1
 (L = 15, V = 151936). ``torch.topk``'s radix select over 64-bit keys takes twice the passes of a
-32-bit one. rc.16 has a second path, a select over the int32 image alone, which is right as a set
-except among the entries equal to its K-th value; those become the smallest token ids at that value,
-and the K are ordered by the int64 key: on CUDA by three Triton kernels (``ddtree_top_k_triton``), on
-the CPU by torch ops (a search over the entries' running count). Its rule takes that path from
-``_DDTREE_SELECT32_MIN_ROWS`` rows (requests x depths) on. Columns: 0.1.0's, rc.16's select with the
-torch repair forced, its rule, its select with the Triton repair forced (CUDA only), and ``float32``:
-``torch.topk`` of the float32 log-probs alone, the floor a 32-bit select reaches, NOT exact (ties in
-any order); timed, never used.
+32-bit one. rc.16 takes, on CUDA, a select over the int32 image alone, which is right as a set except among
+the entries equal to its K-th value; three Triton kernels (``ddtree_top_k_triton``) put the smallest
+token ids at that value in their place and order the K by the int64 key. Columns: 0.1.0's, rc.16's
+(its Triton path on CUDA, the int64 key on the CPU), and ``float32``: ``torch.topk`` of the float32
+log-probs alone, the floor a 32-bit select reaches, NOT exact (ties in any order); timed, never used.
 
 Run 26 (H200): a chunked int64 top-K (the top-K of every chunk, then of the candidates) was equal
-and slower (0.50-1.01x); the float32 floor 1.83-2.35x faster than the reference. Run 28 (H100): the
-select with the torch repair
-0.83-0.85x the reference at batch 1 (15 rows), 0.95-0.99x at 2 (30 rows), 1.14-1.21x from batch 3
-(45 rows) to 8 (120 rows), at budgets 64 and 512 (`docs/gpu-runs/run28/call4/top_k.txt`).
+and slower (0.50-1.01x); the float32 floor 1.83-2.35x faster than the reference. Run 28 (H100, `docs/gpu-runs/run28/call5/top_k.txt`): rc.16's Triton
+path 1.45-1.65x the reference at batches 1-2 (15-30 rows), 1.67-1.80x at 4-8; the same select repaired
+by torch ops instead (about 25 launches: a search over the ties' running count) ran at 0.81-0.82x at
+batch 1 and 1.14-1.22x from batch 3 (call 4), so it was dropped.
 
     PYTHONPATH=/tmp/site python -m bench.top_k --device cuda --budgets 64 512 --batch 1 2 4 8
 """
@@ -34,19 +31,6 @@ from types import ModuleType
 import torch
 
 from bench.tree_build import DDTREE_UTILS, NEWEST, graph_replay, load_module, load_newest_pair
-
-
-def forced_select(core: ModuleType, kernel: ModuleType | None) -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]:
-    """``core``'s 32-bit select whatever the rows: its Triton repair (``kernel``) or, without, its torch one."""
-
-    def top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs, ordered = core._ddtree_log_probs_and_images(draft_logits)
-        if kernel is not None:
-            return kernel.ddtree_top_k_triton(log_probs=log_probs, ordered=ordered, k=k)
-        tokens = core._ddtree_select32_tokens(ordered, k)
-        return log_probs.gather(-1, tokens), tokens
-
-    return top_k
 
 
 def float_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,10 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-timing", action="store_true", help="the equality check only (no CUDA)")
     args = parser.parse_args(argv)
     dd = load_module("ddtree_utils_overlay", DDTREE_UTILS)
-    core, kernel = load_newest_pair()
-    variants = {"32-bit torch": forced_select(core, None), "rule": core._ddtree_top_k}
-    if args.device != "cpu":  # Triton's own compiler needs a GPU (the CPU tests run its interpreter)
-        variants["32-bit triton"] = forced_select(core, kernel)
+    core, _ = load_newest_pair()
+    variants = {"rc.16": core._ddtree_top_k}
     failed = False
     for bs in args.batch:
         logits = draft_like_logits(bs, args.length, args.vocab, args.device)

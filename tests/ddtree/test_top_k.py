@@ -1,8 +1,8 @@
-"""Overlay ddtree 0.3.0-rc.16's top-K gives 0.1.0's int64-key ``_ddtree_top_k`` log-probs and tokens bit for
-bit on every logit family of the tree tests, ties, masked (-inf) vocabularies and fully masked rows
-included, down both of its paths (the int64 key below ``_DDTREE_SELECT32_MIN_ROWS`` rows, a 32-bit select
-whose ties at its cut are repaired from there); and bench/top_k.py fails when a top-K it times differs
-from the reference."""
+"""Overlay ddtree 0.3.0-rc.16's top-K: where no Triton kernel runs (the CPU), its int64 key gives 0.1.0's
+``_ddtree_top_k`` log-probs and tokens bit for bit on every logit family of the tree tests, ties, masked
+(-inf) vocabularies and fully masked rows included; on CUDA it takes the Triton 32-bit select (whose
+interpreted kernels tests/ddtree/test_tree_build_triton.py holds to the key); and bench/top_k.py fails
+when the top-K it times differs from the reference."""
 
 from __future__ import annotations
 
@@ -19,26 +19,24 @@ FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
 
 
 @pytest.fixture(scope="module")
-def core(decode_tool: ModuleType) -> ModuleType:
+def rc16(decode_tool: ModuleType) -> ModuleType:
     return decode_tool.load_overlay_module(RC16, "sglang/srt/speculative/ddtree_utils.py")
 
 
-@pytest.fixture(params=["key64", "select32"])
-def rc16(core: ModuleType, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> ModuleType:
-    """rc.16's core with its top-K's path forced (the threshold of its rule moved past every case)."""
-    monkeypatch.setattr(core, "_DDTREE_SELECT32_MIN_ROWS", 1 << 30 if request.param == "key64" else 0)
-    return core
+def test_cuda_takes_the_triton_select_up_to_its_k(dd010: ModuleType, rc16: ModuleType,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    assert rc16._ddtree_triton_top_k(torch.device("cpu")) is None  # the CPU keeps the int64 key
+    calls: list[int] = []
 
+    def fused(*, log_probs: torch.Tensor, ordered: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(k)
+        return log_probs[..., :k], ordered[..., :k].long()
 
-def test_the_rule_takes_the_select_from_its_row_count(core: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-    for path in ("key64", "select32"):
-        real = getattr(core, f"_ddtree_{path}_tokens")
-        monkeypatch.setattr(core, f"_ddtree_{path}_tokens", lambda o, k, p=path, f=real: calls.append(p) or f(o, k))
-    rows = core._DDTREE_SELECT32_MIN_ROWS
-    core._ddtree_top_k(torch.randn(1, rows - 1, 50), 4)
-    core._ddtree_top_k(torch.randn(2, rows // 2, 50), 4)
-    assert calls == ["key64", "select32"]
+    monkeypatch.setattr(rc16, "_ddtree_triton_top_k", lambda device: fused)
+    logits = torch.randn(1, 2, 5000)
+    rc16._ddtree_top_k(logits, 4096)
+    _, tokens = rc16._ddtree_top_k(logits, 4097)  # past the kernels' k: the int64 key
+    assert calls == [4096] and torch.equal(tokens, dd010._ddtree_top_k(logits, 4097)[1])
 
 
 def assert_same_top_k(want: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -245,14 +245,13 @@ def _refusals(kernel: ModuleType) -> list[str]:
 
 def _build_with_kernels(work: Path) -> None:
     """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels (rc.16 on:
-    its Triton top-K too, at every row count), and that top-K alone on TOP_K_CASES."""
+    its Triton top-K too), and that top-K alone on ``top_k_cases``."""
     assert os.environ["TRITON_INTERPRET"] == "1" and "triton" not in sys.modules
     torch.set_num_threads(1)
     utils, kernel = _load(work / Path(UTILS).name), _load(work / Path(KERNEL).name)
     trees: dict[str, object] = {"refusals": _refusals(kernel)}
     cases = torch.load(work / "cases.pt")
     if hasattr(kernel, "ddtree_top_k_triton"):
-        utils._DDTREE_SELECT32_MIN_ROWS = 0
         utils._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton
         for name, (logits, k) in cases["top_k"].items():
             trees[f"top_k/{name}"] = utils._ddtree_top_k(logits, k)
