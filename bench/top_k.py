@@ -14,8 +14,8 @@ log-probs alone, the floor a 32-bit select reaches, NOT exact (ties in any order
 Run 26 (H200): a chunked int64 top-K (the top-K of every chunk, then of the candidates) was equal
 and slower (0.50-1.01x); the float32 floor 1.83-2.35x faster than the reference. Run 28 (H100, `docs/gpu-runs/run28/call5/top_k.txt`): rc.16's Triton
 path 1.45-1.65x the reference at batches 1-2 (15-30 rows), 1.67-1.80x at 4-8; the same select repaired
-by torch ops instead (about 25 launches: a search over the ties' running count) ran at 0.81-0.82x at
-batch 1 and 1.14-1.22x from batch 3 (call 4), so it was dropped.
+by torch ops instead (about 25 launches: a search over the ties' running count) ran at 0.81-0.85x at
+batch 1 and 1.14-1.22x from batch 3 (calls 3-5), so it was dropped.
 
     PYTHONPATH=/tmp/site python -m bench.top_k --device cuda --budgets 64 512 --batch 1 2 4 8
 """

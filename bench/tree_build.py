@@ -1,8 +1,8 @@
 """Benchmark: DDTree batch tree builder (overlay ddtree_utils.build_ddtree_batch) against a plain
 best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8; on CUDA also
-the fused Triton builder (``ddtree_build.py``: the top-K in torch, then one program per request runs
-the pop loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: rc.3's (0.1.0's
-int64-key top-K, rc.3's kernel) and the newest (``NEWEST``: rc.16's 32-bit top-K with its ties
+the fused Triton builder (``ddtree_build.py``: the top-K, then one program per request runs the pop
+loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: rc.3's (0.1.0's int64-key
+top-K in torch, rc.3's kernel) and the newest (``NEWEST``: rc.16's Triton 32-bit top-K with its ties
 repaired) side by side, and the newest kernel at each ``--warps`` count.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
@@ -45,6 +45,7 @@ DDTREE_BUILD_KERNEL = OVERLAYS / "0.3.0-rc.3/files/sglang/kernels/ops/speculativ
 NEWEST = "ddtree@0.3.0-rc.16"  # the version whose top-K and kernel the "new" columns time
 NEWEST_CORE = "sglang/srt/speculative/ddtree_utils.py"
 NEWEST_KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
+_NEWEST_FILES = tempfile.TemporaryDirectory(prefix="ddtree_bench_")  # removed when the run ends
 
 
 def load_module(name: str, path: Path) -> ModuleType:
@@ -65,7 +66,7 @@ def load_newest(path: str) -> ModuleType:
     edits, written to a file first (Triton reads a kernel's source from its file)."""
     from ddtree_deploy.catalog import load_overlay
 
-    target = Path(tempfile.mkdtemp(prefix="ddtree_bench_")) / Path(path).name
+    target = Path(_NEWEST_FILES.name) / Path(path).name
     target.write_bytes(load_overlay(NEWEST, OVERLAYS.parent).content_of(path, None))
     return load_module(f"{target.stem}_newest", target)
 

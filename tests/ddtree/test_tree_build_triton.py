@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -243,6 +244,22 @@ def _refusals(kernel: ModuleType) -> list[str]:
     return messages
 
 
+def _adversarial_select(real_topk: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.topk`` as the Triton top-K's select of int32 images may come out on a GPU: right as a set
+    above the k-th value, the entries at that value with the LARGEST ids, the k shuffled. (The CPU's
+    own select takes the smallest ids in order, which would leave the repair nothing to do.)"""
+
+    def topk(self: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+        if self.dtype != torch.int32:
+            return real_topk(self, k, dim=dim, largest=largest, sorted=sorted)
+        key = self.to(torch.int64) * (1 << 32) + torch.arange(self.shape[-1])  # larger id first on ties
+        shuffle = torch.randperm(k, generator=torch.Generator().manual_seed(k))
+        tokens = real_topk(key, k, dim=-1).indices[..., shuffle]
+        return self.gather(-1, tokens), tokens
+
+    return topk
+
+
 def _build_with_kernels(work: Path) -> None:
     """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels (rc.16 on:
     its Triton top-K too), and that top-K alone on ``top_k_cases``."""
@@ -253,6 +270,7 @@ def _build_with_kernels(work: Path) -> None:
     cases = torch.load(work / "cases.pt")
     if hasattr(kernel, "ddtree_top_k_triton"):
         utils._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton
+        torch.Tensor.topk = _adversarial_select(torch.Tensor.topk)  # this child process only
         for name, (logits, k) in cases["top_k"].items():
             trees[f"top_k/{name}"] = utils._ddtree_top_k(logits, k)
     for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
