@@ -55,9 +55,9 @@ def graphed_ms(fn: Callable[[torch.Tensor], object], logits: torch.Tensor, repea
 
 
 def same_as_reference(dd: ModuleType, logits: torch.Tensor, k: int, variant: Callable[..., tuple]) -> bool:
-    want = dd._ddtree_top_k(logits, k)
-    got = variant(logits, k)
-    return all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    """Tokens and log-probs equal, the log-probs bit for bit (a NaN row is equal to itself)."""
+    (want_log_probs, want_tokens), (log_probs, tokens) = dd._ddtree_top_k(logits, k), variant(logits, k)
+    return torch.equal(want_tokens, tokens) and torch.equal(want_log_probs.view(torch.int32), log_probs.view(torch.int32))
 
 
 def draft_like_logits(bs: int, length: int, vocab: int, device: str) -> torch.Tensor:
@@ -68,6 +68,14 @@ def draft_like_logits(bs: int, length: int, vocab: int, device: str) -> torch.Te
     logits[:, :, :8] += torch.rand(bs, length, 8, generator=g) * 12.0
     logits[:, :, vocab // 2: vocab // 2 + 4] = logits[:, :, :1]  # four copies of token 0's logit
     return logits.to(torch.bfloat16).to(device)
+
+
+def edge_cases_equal(dd: ModuleType, newest: Callable[..., tuple], device: str) -> bool:
+    """The newest top-K equals the reference where the timed shapes do not go: a fully masked row (NaN
+    log-probs), k of 1, not a power of two, the kernels' widest (4,096) and the whole vocabulary."""
+    logits = draft_like_logits(2, 3, 5000, device)
+    logits[1, 2] = float("-inf")
+    return all(same_as_reference(dd, logits, k, newest) for k in (1, 100, 4096, 5000))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     dd = load_module("ddtree_utils_overlay", DDTREE_UTILS)
     core, _ = load_newest_pair()
     variants = {"rc.16": core._ddtree_top_k}
-    failed = False
+    failed = not edge_cases_equal(dd, core._ddtree_top_k, args.device)
+    print(f"edge cases (NaN row, k 1 / 100 / 4096 / V): {NEWEST} {'DIFFERENT' if failed else 'equal'}")
     for bs in args.batch:
         logits = draft_like_logits(bs, args.length, args.vocab, args.device)
         for budget in args.budgets:
