@@ -22,6 +22,7 @@ for rc.3's builder and the newest, and each one's graphed top-K alone), all meas
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import heapq
 import importlib.util
@@ -45,7 +46,6 @@ DDTREE_BUILD_KERNEL = OVERLAYS / "0.3.0-rc.3/files/sglang/kernels/ops/speculativ
 NEWEST = "ddtree@0.3.0-rc.16"  # the version whose top-K and kernel the "new" columns time
 NEWEST_CORE = "sglang/srt/speculative/ddtree_utils.py"
 NEWEST_KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
-_NEWEST_FILES = tempfile.TemporaryDirectory(prefix="ddtree_bench_")  # removed when the run ends
 
 
 def load_module(name: str, path: Path) -> ModuleType:
@@ -61,12 +61,20 @@ def load_ddtree_utils() -> ModuleType:
     return load_module("ddtree_utils_overlay", DDTREE_UTILS)
 
 
+@functools.lru_cache(maxsize=1)
+def newest_files() -> Path:
+    """One temporary folder for the run's overlay files, made on first use and removed at exit."""
+    folder = tempfile.TemporaryDirectory(prefix="ddtree_bench_")
+    atexit.register(folder.cleanup)
+    return Path(folder.name)
+
+
 def load_newest(path: str) -> ModuleType:
     """``path`` (inside the sglang package) as ``NEWEST`` lands it, resolved through its parents and
     edits, written to a file first (Triton reads a kernel's source from its file)."""
     from ddtree_deploy.catalog import load_overlay
 
-    target = Path(_NEWEST_FILES.name) / Path(path).name
+    target = newest_files() / Path(path).name
     target.write_bytes(load_overlay(NEWEST, OVERLAYS.parent).content_of(path, None))
     return load_module(f"{target.stem}_newest", target)
 
@@ -217,8 +225,9 @@ def graphed_columns(
         torch.cuda.set_sync_debug_mode("default")
         timings += [(builder.build, 11), (builder.top_k, 0)]
     for count in warps:
-        check_triton_same(dd, replace(newest, num_warps=count), logits, budget)
-        timings.append((replace(newest, num_warps=count).build, 8))
+        at_count = replace(newest, num_warps=count)
+        check_triton_same(dd, at_count, logits, budget)
+        timings.append((at_count.build, 8))
     cells = []
     for build, width in timings:
         replay = graph_replay(build, logits, budget)

@@ -51,25 +51,20 @@ def test_the_core_knows_the_kernels_widest_k(rc16: ModuleType) -> None:
     assert ast.literal_eval(bound.value) == rc16._DDTREE_TRITON_TOP_K_MAX_K
 
 
-def assert_same_top_k(want: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor, torch.Tensor]) -> None:
-    assert torch.equal(want[1], got[1])
-    assert torch.equal(want[0].view(torch.int32), got[0].view(torch.int32))  # NaN rows bit for bit too
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rc16_top_k_is_the_reference_top_k(dd010: ModuleType, rc16: ModuleType,
                                            make_logits: Callable[..., torch.Tensor], family: str) -> None:
     for seed in range(10):
         logits = make_logits(family, (2, 4, 30 + seed), seed)
         for k in {1, 1 + 3 * seed, logits.shape[-1]}:
-            assert_same_top_k(dd010._ddtree_top_k(logits, k), rc16._ddtree_top_k(logits, k))
+            assert bench.same_top_k(dd010._ddtree_top_k(logits, k), rc16._ddtree_top_k(logits, k)), (family, seed, k)
 
 
 def test_a_fully_masked_row_keeps_the_reference_order(dd010: ModuleType, rc16: ModuleType) -> None:
     logits = torch.randn(2, 3, 40, generator=torch.Generator().manual_seed(3))
     logits[0, 1] = float("-inf")  # log_softmax gives NaN there
     for k in (5, 40):
-        assert_same_top_k(dd010._ddtree_top_k(logits, k), rc16._ddtree_top_k(logits, k))
+        assert bench.same_top_k(dd010._ddtree_top_k(logits, k), rc16._ddtree_top_k(logits, k)), k
 
 
 def test_the_smallest_ids_of_a_tie_at_the_cut_are_taken(rc16: ModuleType) -> None:
