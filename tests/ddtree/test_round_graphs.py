@@ -18,6 +18,7 @@ version's own torch-only modules (and its Triton kernel file) under those names 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Callable, Iterator
@@ -52,15 +53,17 @@ def _module(name: str, overlay: Any, path: str, tmp: Path) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def rc7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    overlay = load_overlay(RC7, OVERLAYS)
-    tmp = tmp_path_factory.mktemp("rc7")
-    saved = {name: sys.modules.get(name) for name in [*SIBLINGS, "ddtree_round_rc7"]}
+@contextlib.contextmanager
+def round_modules(spec: str, tmp: Path) -> Iterator[SimpleNamespace]:
+    """A version's ``ddtree_round.py`` with its siblings registered under their sglang names while
+    the caller uses it; ``sys.modules`` is restored afterwards."""
+    overlay = load_overlay(spec, OVERLAYS)
+    tag = spec.rsplit(".", 1)[-1]
+    saved = {name: sys.modules.get(name) for name in [*SIBLINGS, f"ddtree_round_{tag}", f"ddtree_tp_{tag}"]}
     try:
         siblings = {name: _module(name, overlay, path, tmp) for name, path in SIBLINGS.items()}
-        rounds = _module("ddtree_round_rc7", overlay, f"{SPECULATIVE}/ddtree_round.py", tmp)
-        tp = _module("ddtree_tp_rc7", overlay, f"{SPECULATIVE}/ddtree_tp.py", tmp)
+        rounds = _module(f"ddtree_round_{tag}", overlay, f"{SPECULATIVE}/ddtree_round.py", tmp)
+        tp = _module(f"ddtree_tp_{tag}", overlay, f"{SPECULATIVE}/ddtree_tp.py", tmp)
         yield SimpleNamespace(
             utils=siblings["sglang.srt.speculative.ddtree_utils"],
             hybrid=siblings["sglang.srt.speculative.ddtree_hybrid"], round=rounds, tp=tp,
@@ -71,6 +74,12 @@ def rc7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
                 sys.modules.pop(name, None)
             else:
                 sys.modules[name] = module
+
+
+@pytest.fixture(scope="module")
+def rc7(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    with round_modules(RC7, tmp_path_factory.mktemp("rc7")) as modules:
+        yield modules
 
 
 # --------------------------------------------------------------------------- SGLang's commit indices
