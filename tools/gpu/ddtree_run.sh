@@ -184,6 +184,8 @@ stress_case() {  # stress_client.py against the plain stress run's plan and outp
 for c in "${CASES[@]}"; do
   case $c in refuse_*) echo "[$(el)s] $c: ${READY[$c]:-running}; error line:"; grep -h -E "DDTREE|must be in|Error" "$O/$c.log" | tail -n 3 | cut -c1-500; continue;; esac
   case $c in copy_stress_*) stress_case "$c"; touch "$O/done.$c"; pack; continue;; esac
+  # SKIP_CLIENTS=1: the servers serve only the group tools below (a speed call, no client's T = 0.8 compile stall)
+  if [ "${SKIP_CLIENTS:-0}" = 1 ]; then echo "[$(el)s] $c: ${READY[$c]:-not ready}, client skipped"; touch "$O/done.$c"; continue; fi
   if [[ $(ref_of "$c") = copy_plain* ]] && [ -z "${STOPPED:-}" ]; then  # the other pair is done: stop its servers
     for d in "${CASES[@]}"; do [[ $(ref_of "$d") = plain* ]] && kill -0 ${PID[$d]} 2>/dev/null && stop_case "$d"; done; STOPPED=1
   fi
