@@ -35,9 +35,10 @@ from tests.ddtree.test_commit_moves import walk_picks
 
 RC7 = "ddtree@0.3.0-rc.7"
 SPECULATIVE = "sglang/srt/speculative"
-SIBLINGS = {  # the modules ddtree_round.py imports, by their sglang names
+SIBLINGS = {  # the modules ddtree_round.py imports, by their sglang names (those a version ships)
     "sglang.srt.speculative.ddtree_utils": f"{SPECULATIVE}/ddtree_utils.py",
     "sglang.srt.speculative.ddtree_hybrid": f"{SPECULATIVE}/ddtree_hybrid.py",
+    "sglang.srt.speculative.ddtree_draft_kv": f"{SPECULATIVE}/ddtree_draft_kv.py",  # rc.17 on
     "sglang.kernels.ops.speculative.ddtree": "sglang/kernels/ops/speculative/ddtree.py",
 }
 BLOCK, VOCAB, HIDDEN, CONTEXT, BUDGET = 8, 40, 12, 300, 16
@@ -61,12 +62,14 @@ def round_modules(spec: str, tmp: Path) -> Iterator[SimpleNamespace]:
     tag = spec.rsplit(".", 1)[-1]
     saved = {name: sys.modules.get(name) for name in [*SIBLINGS, f"ddtree_round_{tag}", f"ddtree_tp_{tag}"]}
     try:
-        siblings = {name: _module(name, overlay, path, tmp) for name, path in SIBLINGS.items()}
+        siblings = {name: _module(name, overlay, path, tmp) for name, path in SIBLINGS.items()
+                    if path in overlay.manifest.files}
         rounds = _module(f"ddtree_round_{tag}", overlay, f"{SPECULATIVE}/ddtree_round.py", tmp)
         tp = _module(f"ddtree_tp_{tag}", overlay, f"{SPECULATIVE}/ddtree_tp.py", tmp)
         yield SimpleNamespace(
             utils=siblings["sglang.srt.speculative.ddtree_utils"],
             hybrid=siblings["sglang.srt.speculative.ddtree_hybrid"], round=rounds, tp=tp,
+            draft_kv=siblings.get("sglang.srt.speculative.ddtree_draft_kv"),
         )
     finally:
         for name, module in saved.items():
