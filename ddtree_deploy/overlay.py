@@ -3,9 +3,11 @@
 A version lives in `<folder>/<name>/<version>/`: `overlay.yaml`, whole files under `files/`, compiled
 artifacts under `files-<cuda>/`, and one unified diff per patched file per base release under
 `patches/<base>/<path>.diff`. A version that `inherits:` an older one holds only what it changes: new
-files whole, and its changes to a file it inherits as a diff against the parent's bytes under
-`edits/<path>.diff`; the rest resolves from its parent chain when it loads (overlays/ddtree/README.md
-states the rules), so an `Overlay` is always the whole version a push lands. Nothing here touches a host.
+files whole, its changes to a file it inherits as a diff against the parent's bytes under
+`edits/<path>.diff`, and a new file made from an inherited one (`derived:`, a module split out of another)
+as a diff from that file's bytes, also under `edits/`; the rest resolves from its parent chain when it loads
+(overlays/ddtree/README.md states the rules), so an `Overlay` is always the whole version a push lands.
+Nothing here touches a host.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class OverlayManifest(_Strict):
     artifacts: dict[str, ArtifactBuild] = Field(default_factory=dict)
     edits: list[PackagePath] = Field(
         default_factory=list, description="inherited whole files this version changes, as diffs under edits/")
+    derived: dict[PackagePath, PackagePath] = Field(
+        default_factory=dict, description="new whole file -> the inherited whole file it is made from, by a diff "
+                                          "under edits/<new file>.diff (a module split out of another)")
     drops: list[PackagePath] = Field(default_factory=list, description="inherited paths this version no longer ships")
     server: ServerSpec = Field(default_factory=ServerSpec)
     probes: list[ProbeSpec] = Field(default_factory=list)
@@ -106,11 +111,17 @@ class OverlayManifest(_Strict):
         doubled = set(self.files) & self.patched_paths()
         if doubled:
             raise ValueError(f"{min(doubled)} is both a whole file and a patched file")
-        if self.edits and self.inherits is None:
-            raise ValueError("edits needs inherits: a version without a parent has no file to edit")
+        if (self.edits or self.derived) and self.inherits is None:
+            raise ValueError("edits and derived need inherits: a version without a parent has no file to edit")
         both = sorted(set(self.edits) & (set(self.files) | self.patched_paths()))
         if both:
             raise ValueError(f"{both[0]} is both edited and shipped whole or patched")
+        both = sorted(set(self.derived) & (set(self.files) | self.patched_paths() | set(self.edits)))
+        if both:
+            raise ValueError(f"{both[0]} is both derived and shipped whole, patched or edited")
+        itself = sorted(new for new, source in self.derived.items() if new == source)
+        if itself:
+            raise ValueError(f"derived {itself[0]} is made from itself: list it under edits")
         return self
 
     @field_validator("drops")
@@ -119,7 +130,7 @@ class OverlayManifest(_Strict):
         if drops and info.data.get("inherits") is None:
             raise ValueError("needs inherits: a version without a parent has nothing to drop")
         shipped = set(info.data.get("files", [])) | {p for per in info.data.get("patches", {}).values() for p in per}
-        shipped |= set(info.data.get("edits", []))
+        shipped |= set(info.data.get("edits", [])) | set(info.data.get("derived", {}))
         both = sorted(set(drops) & shipped)
         if both:
             raise ValueError(f"{both[0]} is both dropped and shipped")
@@ -130,7 +141,7 @@ class OverlayManifest(_Strict):
 
     def layout(self) -> set[str]:
         """Every file of the version folder, relative to it (the manifest aside)."""
-        held = {f"files/{p}" for p in self.files} | {f"edits/{p}.diff" for p in self.edits}
+        held = {f"files/{p}" for p in self.files} | {f"edits/{p}.diff" for p in [*self.edits, *self.derived]}
         held |= {f"patches/{base}/{p}.diff" for base, per in self.patches.items() for p in per}
         return held | {f"files-{v}/{p}" for v, build in self.artifacts.items() for p in build.files}
 
@@ -267,14 +278,19 @@ def _inherit(own: OverlayManifest, root: Path, held: set[str], parent: Overlay) 
                 hint=f"delete {root / rel} and unlist it: a version inherits what it does not change")
     edited = {rel: data for rel, data in parent.edited.items() if rel.removeprefix("files/") not in own.drops}
     edited.update(_edits(own, root, parent))
+    edited.update(_derived(own, root, parent))
     replaced = set(own.drops) | set(own.files) | own.patched_paths()
-    files = sorted({p for p in parent.manifest.files if p not in replaced} | set(own.files) | set(own.edits))
+    files = sorted({p for p in parent.manifest.files if p not in replaced} | set(own.files) | set(own.edits)
+                   | set(own.derived))
     patches = {base: {**{p: sha for p, sha in parent.manifest.patches.get(base, {}).items() if p not in replaced},
                       **own.patches.get(base, {})} for base in own.target.bases}
     manifest = own.model_copy(update={
-        "files": files, "patches": {base: per for base, per in patches.items() if per}, "edits": [],
+        "files": files, "patches": {base: per for base, per in patches.items() if per}, "edits": [], "derived": {},
         "artifacts": {**parent.manifest.artifacts, **own.artifacts}})
-    sources = {rel: root / rel if rel in held else parent.sources[rel] for rel in sorted(manifest.layout())}
+    # A derived file's mode is its source's.
+    origin = {f"files/{new}": f"files/{source}" for new, source in own.derived.items()}
+    sources = {rel: root / rel if rel in held else parent.sources[origin.get(rel, rel)]
+               for rel in sorted(manifest.layout())}
     edited = {rel: data for rel, data in edited.items() if rel in sources and rel not in held}  # a whole file wins
     return Overlay(manifest=manifest, root=root, sources=sources, edited=edited, held=sorted(held))
 
@@ -302,6 +318,36 @@ def _edits(own: OverlayManifest, root: Path, parent: Overlay) -> dict[str, bytes
             raise OverlayError(f"{diff}: changes nothing in {parent.label}'s {edit}",
                                hint=f"delete it and unlist {edit} from edits: a version inherits what it does not change")
         result[rel] = after
+    return result
+
+
+def _derived(own: OverlayManifest, root: Path, parent: Overlay) -> dict[str, bytes]:
+    """Each of `own`'s derived files: its diff applied to the parent's bytes of the file it is made from.
+
+    Raises:
+        OverlayError: a source the parent does not ship whole, a new file the parent already ships, a
+            diff that does not apply (naming the hunk), or one that changes nothing (a copy).
+    """
+    path = root / MANIFEST
+    shipped = set(parent.manifest.files) | parent.manifest.patched_paths()
+    result = {}
+    for new, source in own.derived.items():
+        diff = root / "edits" / f"{new}.diff"
+        if source not in parent.manifest.files:
+            raise OverlayError(f"{path}: field derived: {parent.label} does not ship {source} as a whole file",
+                               hint="derive only from files the parent ships under files/")
+        if new in shipped:
+            raise OverlayError(f"{path}: field derived: {parent.label} already ships {new}",
+                               hint=f"list {new} under edits: a derived file is a new one")
+        before = parent._layout_bytes(f"files/{source}")
+        after, conflicts = apply_patch(diff, source, before)
+        if after is None:
+            raise OverlayError(f"{diff}: does not apply to {parent.label}'s {source}: {conflicts[0].text()}",
+                               hint=f"regenerate it: diff -u against `ddtree-deploy overlay export {parent.label}`")
+        if after == before:
+            raise OverlayError(f"{diff}: makes {new} a copy of {parent.label}'s {source}",
+                               hint="a derived file must differ from its source: import it instead")
+        result[f"files/{new}"] = after
     return result
 
 
@@ -338,16 +384,20 @@ def _check_layout(root: Path, own: OverlayManifest) -> set[str]:
             _check_diff_headers(root / "patches" / base / f"{p}.diff", p)
     for p in own.edits:
         _check_diff_headers(root / "edits" / f"{p}.diff", p)
+    for p, source in own.derived.items():
+        _check_diff_headers(root / "edits" / f"{p}.diff", p, source)
     return present
 
 
-def _check_diff_headers(diff: Path, path: str) -> None:
-    """A diff patches exactly its own file: `--- a/<path>` then `+++ b/<path>`, once."""
+def _check_diff_headers(diff: Path, path: str, source: str | None = None) -> None:
+    """A diff patches exactly its own file: `--- a/<path>` (or a derived file's source) then `+++ b/<path>`,
+    once."""
     lines = diff.read_text(errors="replace").splitlines()
     headers = [(old, new) for old, new in itertools.pairwise(lines) if old.startswith("--- ") and new.startswith("+++ ")]
     names = {(o[4:].split("\t")[0].strip(), n[4:].split("\t")[0].strip()) for o, n in headers}
-    if names != {(f"a/{path}", f"b/{path}")}:
-        raise OverlayError(f"{diff}: headers must be '--- a/{path}' and '+++ b/{path}' (one file per diff), "
+    old = source or path
+    if names != {(f"a/{old}", f"b/{path}")}:
+        raise OverlayError(f"{diff}: headers must be '--- a/{old}' and '+++ b/{path}' (one file per diff), "
                            f"found {sorted(names) or 'none'}", hint="regenerate the diff from a pristine copy")
 
 
@@ -393,6 +443,6 @@ def export(overlay: Overlay, target: Path) -> list[str]:
         shutil.copy2(source, target / rel)  # the mode too: an executable file stays executable
         if rel in overlay.edited:
             (target / rel).write_bytes(overlay.edited[rel])
-    manifest = overlay.manifest.model_dump(mode="json", exclude={"inherits", "drops", "edits"})
+    manifest = overlay.manifest.model_dump(mode="json", exclude={"inherits", "drops", "edits", "derived"})
     (target / MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False, width=100))
     return [MANIFEST, *overlay.sources]

@@ -214,3 +214,53 @@ def test_edits_that_do_not_apply_change_nothing_or_name_no_inherited_file_are_re
     unknown = child(mini, "0.5.0", f"edits: [{SPEC_INFO}]\n", parent="0.2.0")
     write(unknown / "edits" / f"{SPEC_INFO}.diff", f"--- a/{SPEC_INFO}\n+++ b/{SPEC_INFO}\n@@ -1 +1 @@\n-a\n+b\n")
     assert "does not ship sglang/srt/speculative/spec_info.py as a whole file" in refused(unknown)
+
+
+def derived_of(mini: Path, version: str, new: str, keep: int, extra: str = "") -> Path:
+    """A version deriving `new` from the parent's MINI_UTILS: its first `keep` lines, and `extra`."""
+    before = read_overlay(mini / "0.2.0").content_of(MINI_UTILS, None).decode()
+    after = "".join(before.splitlines(True)[:keep]) + extra
+    root = child(mini, version, f"derived:\n  {new}: {MINI_UTILS}\n")
+    lines = difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{MINI_UTILS}", f"b/{new}")
+    write(root / "edits" / f"{new}.diff", "".join(lines))
+    return root
+
+
+def test_a_derived_file_is_its_sources_bytes_through_the_diff_and_exports_whole(mini: Path) -> None:
+    new = "sglang/srt/speculative/mini_split.py"
+    parent = read_overlay(mini / "0.2.0")
+    overlay = read_overlay(derived_of(mini, "0.3.0", new, 2, "SPLIT = True\n"))
+    source = parent.content_of(MINI_UTILS, None).decode()
+    assert overlay.content_of(new, None).decode() == "".join(source.splitlines(True)[:2]) + "SPLIT = True\n"
+    assert overlay.content_of(MINI_UTILS, None) == parent.content_of(MINI_UTILS, None), "the source stays"
+    assert new in overlay.manifest.files and overlay.manifest.derived == {}
+    assert overlay.source_of(new, None) == parent.source_of(MINI_UTILS, None), "its mode is its source's"
+    out = overlay.root.parent / "export"
+    export(overlay, out)
+    assert (out / "files" / new).read_bytes() == overlay.content_of(new, None)
+    assert "derived" not in (out / "overlay.yaml").read_text()
+    grandchild = read_overlay(child(mini, "0.4.0", "", parent="0.3.0"))
+    assert grandchild.content_of(new, None) == overlay.content_of(new, None), "inherited like any file"
+
+
+def test_derived_files_that_copy_clash_or_name_no_inherited_source_are_refused(mini: Path) -> None:
+    new = "sglang/srt/speculative/mini_split.py"
+    first = read_overlay(mini / "0.2.0").content_of(MINI_UTILS, None).decode().splitlines()[0]
+    copy = derived_of(mini, "0.3.0", new, 1)  # then its one hunk replaced by a line kept as it was
+    write(copy / "edits" / f"{new}.diff", f"--- a/{MINI_UTILS}\n+++ b/{new}\n@@ -1,1 +1,1 @@\n-{first}\n+{first}\n")
+    assert "makes sglang/srt/speculative/mini_split.py a copy of mini@0.2.0's" in refused(copy)
+    stale = derived_of(mini, "0.4.0", new, 1)
+    write(stale / "edits" / f"{new}.diff", f"--- a/{MINI_UTILS}\n+++ b/{new}\n@@ -1,1 +1,1 @@\n-no such line\n+x\n")
+    assert "does not apply to mini@0.2.0's sglang/srt/speculative/mini_utils.py" in refused(stale)
+    headers = derived_of(mini, "0.5.0", new, 1)
+    write(headers / "edits" / f"{new}.diff", f"--- a/{new}\n+++ b/{new}\n@@ -1,1 +1,1 @@\n-a\n+b\n")
+    assert f"headers must be '--- a/{MINI_UTILS}' and '+++ b/{new}'" in refused(headers)
+    unknown = child(mini, "0.6.0", f"derived:\n  {new}: {SPEC_INFO}\n")
+    write(unknown / "edits" / f"{new}.diff", f"--- a/{SPEC_INFO}\n+++ b/{new}\n@@ -1 +1 @@\n-a\n+b\n")
+    assert "field derived: mini@0.2.0 does not ship sglang/srt/speculative/spec_info.py as a whole file" in refused(
+        unknown)
+    clash = derived_of(mini, "0.7.0", MINI_V2, 1)
+    assert "field derived: mini@0.2.0 already ships sglang/srt/speculative/mini_v2.py" in refused(clash)
+    itself = child(mini, "0.8.0", f"derived:\n  {MINI_UTILS}: {MINI_UTILS}\n")
+    write(itself / "edits" / f"{MINI_UTILS}.diff", f"--- a/{MINI_UTILS}\n+++ b/{MINI_UTILS}\n")
+    assert "is made from itself" in refused(itself)
