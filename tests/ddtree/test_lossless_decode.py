@@ -24,9 +24,10 @@ MAX_NEW_TOKENS = 24
 # (0.3.0-rc.3 only adds the CUDA dispatch to its Triton tree builder, its torch path unchanged;
 # 0.3.0-rc.4 adds the commit's KV moves and drops the req_to_token rewrite from the commit plan;
 # 0.3.0-rc.16 takes the top-K with Triton kernels on CUDA, its CPU path the same int64 key:
-# test_tree_build_triton.py builds its trees through them, test_top_k.py holds its top-K to 0.1.0's).
+# test_tree_build_triton.py builds its trees through them, test_top_k.py holds its top-K to 0.1.0's;
+# 0.3.0-rc.18 splits rc.17's core in three modules: test_core_split.py holds it to rc.17's).
 CORES_TESTED_BY_NAME = {"0.3.0-rc.3": "test_tree_build_triton.py", "0.3.0-rc.4": "test_commit_moves.py",
-                        "0.3.0-rc.16": "test_tree_build_triton.py"}
+                        "0.3.0-rc.16": "test_tree_build_triton.py", "0.3.0-rc.18": "test_core_split.py"}
 
 
 def test_the_tool_and_the_tests_run_the_newest_versions_core(decode_tool: ModuleType, dd: ModuleType) -> None:

@@ -72,16 +72,34 @@ def load_ddtree_utils(spec: str = "ddtree") -> ModuleType:
 
 @functools.lru_cache(maxsize=None)  # resolving a version runs GNU patch: once per process, not per decode
 def load_overlay_module(spec: str, path: str) -> ModuleType:
-    """Import the torch-only module at ``path`` (inside the sglang package) as version ``spec`` lands it."""
+    """Import the torch-only module at ``path`` (inside the sglang package) as version ``spec`` lands it.
+
+    The sglang modules it imports at its top that the version itself ships (a module split in two,
+    0.3.0-rc.18's ``ddtree_utils.py``) are that version's, loaded the same way and seen under their
+    sglang names only while it runs, so two versions' siblings never meet.
+    """
     from ddtree_deploy.catalog import load_overlay
 
     overlay = load_overlay(spec, OVERLAYS)
     name = re.sub(r"\W", "_", f"{Path(path).stem}_{overlay.version}")
     if name not in sys.modules:
+        source = overlay.content_of(path, None)
+        siblings = {imported: load_overlay_module(spec, f"{imported.replace('.', '/')}.py")
+                    for imported in re.findall(r"^from (sglang\.[\w.]+) import", source.decode(), re.M)
+                    if f"{imported.replace('.', '/')}.py" in overlay.manifest.files}
         module = ModuleType(name)
         module.__file__ = f"{overlay.label}:{path}"
+        saved = {imported: sys.modules.get(imported) for imported in siblings}
         sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-        exec(compile(overlay.content_of(path, None), module.__file__, "exec"), module.__dict__)
+        sys.modules.update(siblings)
+        try:
+            exec(compile(source, module.__file__, "exec"), module.__dict__)
+        finally:
+            for imported, before in saved.items():
+                if before is None:
+                    sys.modules.pop(imported, None)
+                else:
+                    sys.modules[imported] = before
     return sys.modules[name]
 
 
