@@ -309,12 +309,8 @@ def _edits(own: OverlayManifest, root: Path, parent: Overlay) -> dict[str, bytes
         if edit not in parent.manifest.files:
             raise OverlayError(f"{path}: field edits: {parent.label} does not ship {edit} as a whole file",
                                hint="edit only files the parent ships under files/; add a new file under files:")
-        before = parent._layout_bytes(rel)
-        after, conflicts = apply_patch(diff, edit, before)
-        if after is None:
-            raise OverlayError(f"{diff}: does not apply to {parent.label}'s {edit}: {conflicts[0].text()}",
-                               hint=f"regenerate it: diff -u against `ddtree-deploy overlay export {parent.label}`")
-        if after == before:
+        after = _patched(diff, edit, parent)
+        if after == parent._layout_bytes(rel):
             raise OverlayError(f"{diff}: changes nothing in {parent.label}'s {edit}",
                                hint=f"delete it and unlist {edit} from edits: a version inherits what it does not change")
         result[rel] = after
@@ -339,16 +335,25 @@ def _derived(own: OverlayManifest, root: Path, parent: Overlay) -> dict[str, byt
         if new in shipped:
             raise OverlayError(f"{path}: field derived: {parent.label} already ships {new}",
                                hint=f"list {new} under edits: a derived file is a new one")
-        before = parent._layout_bytes(f"files/{source}")
-        after, conflicts = apply_patch(diff, source, before)
-        if after is None:
-            raise OverlayError(f"{diff}: does not apply to {parent.label}'s {source}: {conflicts[0].text()}",
-                               hint=f"regenerate it: diff -u against `ddtree-deploy overlay export {parent.label}`")
-        if after == before:
+        after = _patched(diff, source, parent)
+        if after == parent._layout_bytes(f"files/{source}"):
             raise OverlayError(f"{diff}: makes {new} a copy of {parent.label}'s {source}",
                                hint="a derived file must differ from its source: import it instead")
         result[f"files/{new}"] = after
     return result
+
+
+def _patched(diff: Path, source: str, parent: Overlay) -> bytes:
+    """The parent's resolved bytes of the whole file `source` through `diff`.
+
+    Raises:
+        OverlayError: the diff does not apply (naming the hunk).
+    """
+    after, conflicts = apply_patch(diff, source, parent._layout_bytes(f"files/{source}"))
+    if after is None:
+        raise OverlayError(f"{diff}: does not apply to {parent.label}'s {source}: {conflicts[0].text()}",
+                           hint=f"regenerate it: diff -u against `ddtree-deploy overlay export {parent.label}`")
+    return after
 
 
 def _field_of(rel: str) -> str:

@@ -235,10 +235,11 @@ def test_a_derived_file_is_its_sources_bytes_through_the_diff_and_exports_whole(
     assert overlay.content_of(MINI_UTILS, None) == parent.content_of(MINI_UTILS, None), "the source stays"
     assert new in overlay.manifest.files and overlay.manifest.derived == {}
     assert overlay.source_of(new, None) == parent.source_of(MINI_UTILS, None), "its mode is its source's"
-    out = overlay.root.parent / "export"
+    out = overlay.root.parent.parent / "exported" / "mini" / "0.3.0"
     export(overlay, out)
     assert (out / "files" / new).read_bytes() == overlay.content_of(new, None)
     assert "derived" not in (out / "overlay.yaml").read_text()
+    assert pristine_plan(overlay).digest == pristine_plan(read_overlay(out)).digest, "a push lands the same"
     grandchild = read_overlay(child(mini, "0.4.0", "", parent="0.3.0"))
     assert grandchild.content_of(new, None) == overlay.content_of(new, None), "inherited like any file"
 
