@@ -222,7 +222,8 @@ def read_overlay(root: Path) -> Overlay:
         OverlayError: malformed YAML, an unknown key or bad field (naming file and field), a path
             escaping the package root, a listed file that is missing or a file that is not listed,
             a parent that is missing or inherits back (a cycle), a drop of a path the parent does
-            not ship, a file or patch that is a byte copy of the parent's.
+            not ship, a file or patch that is a byte copy of the parent's, an edit or derived file
+            whose diff does not apply, changes nothing or names no whole file the parent ships.
     """
     return _read(root, ())
 
@@ -383,7 +384,8 @@ def _check_layout(root: Path, own: OverlayManifest) -> set[str]:
     for rel in sorted(expected - present):
         raise OverlayError(f"{root / MANIFEST}: lists {rel}, which does not exist", hint="add the file or unlist it")
     for rel in sorted(present - expected):
-        raise OverlayError(f"{root / rel}: not listed in {MANIFEST}", hint="list it under files/patches or remove it")
+        raise OverlayError(f"{root / rel}: not listed in {MANIFEST}",
+                           hint="list it (files, patches, edits or derived) or remove it")
     for base, per in own.patches.items():
         for p in per:
             _check_diff_headers(root / "patches" / base / f"{p}.diff", p)

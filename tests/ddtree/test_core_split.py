@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -63,6 +64,8 @@ def test_every_definition_moved_byte_for_byte() -> None:
     before = definitions(source_of(RC17, DDTREE_UTILS).replace(*RENAMED))
     after = [source_of(RC18, path) for path in SPLIT]
     assert len(before) > 40
+    names = [name for source in after for name in definitions(source)]
+    assert sorted(names) == sorted(before), "rc.18 defines rc.17's names, each once, and no other"
     for name, text in before.items():
         homes = [path for path, source in zip(SPLIT, after, strict=True) if text in source]
         if name == "__all__":
@@ -130,3 +133,37 @@ def test_no_module_of_the_newest_version_is_over_600_lines() -> None:
     sizes = {path: len(overlay.content_of(path, None).splitlines())
              for path in overlay.manifest.files if path.endswith(".py")}
     assert len(sizes) > 10 and max(sizes.values()) <= 600, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+def sibling_overlay(folder: Path, modules: dict[str, str]) -> None:
+    """A one-version overlay ``sib@0.1.0`` (this test only) shipping the given modules by package path."""
+    root = folder / "sib" / "0.1.0"
+    for path, text in modules.items():
+        (root / "files" / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "files" / path).write_text(text)
+    listed = "".join(f"  - {path}\n" for path in modules)
+    (root / "overlay.yaml").write_text(f"name: sib\nversion: 0.1.0\ntarget: {{package: sglang, bases: ['0.5.17']}}\n"
+                                       f"files:\n{listed}")
+
+
+def test_the_loader_refuses_a_sibling_cycle_and_leaves_no_failed_module(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = load_tool()
+    monkeypatch.setattr(tool, "OVERLAYS", tmp_path)
+    sibling_overlay(tmp_path, {
+        "sglang/a.py": "from sglang.b import B\nA = 1\n",
+        "sglang/b.py": "from sglang.a import A\nB = 2\n",
+        "sglang/c.py": "from sglang.d import D\nC = D + 1\n",
+        "sglang/d.py": "D = 1\n",
+        "sglang/broken.py": "from sglang.d import D\nraise ValueError('no')\n",
+    })
+    with pytest.raises(ImportError, match=r"sib@0.1.0: circular sibling imports: a_0_1_0 -> b_0_1_0 -> a_0_1_0"):
+        tool.load_overlay_module("sib@0.1.0", "sglang/a.py")
+    with pytest.raises(ValueError, match="no"):
+        tool.load_overlay_module("sib@0.1.0", "sglang/broken.py")
+    assert not {"a_0_1_0", "b_0_1_0", "broken_0_1_0"} & set(sys.modules), "no half-loaded module stays"
+    assert tool.load_overlay_module("sib@0.1.0", "sglang/c.py").C == 2
+    assert "sglang.d" not in sys.modules and "d_0_1_0" in sys.modules
+    for name in ("c_0_1_0", "d_0_1_0"):
+        sys.modules.pop(name)
+    tool.load_overlay_module.cache_clear()

@@ -288,18 +288,9 @@ def test_constrained_decode_equals_plain_constrained_greedy(dd: ModuleType, gram
 
 
 def test_debug_records(dd: ModuleType, decode_tool: ModuleType) -> None:
-    """rc.13's ``ddtree_debug_records`` (moved out of the worker): one record per request."""
-    import sys
-
-    saved = sys.modules.get("sglang.srt.speculative.ddtree_utils")
-    sys.modules["sglang.srt.speculative.ddtree_utils"] = dd
-    try:
-        debug = decode_tool.load_overlay_module(RC14, "sglang/srt/speculative/ddtree_debug.py")
-    finally:
-        if saved is None:
-            sys.modules.pop("sglang.srt.speculative.ddtree_utils")
-        else:
-            sys.modules["sglang.srt.speculative.ddtree_utils"] = saved
+    """rc.13's ``ddtree_debug_records`` (moved out of the worker): one record per request (the decode
+    tool loads rc.14's ``ddtree_debug`` with rc.14's own ``ddtree_utils`` beside it)."""
+    debug = decode_tool.load_overlay_module(RC14, "sglang/srt/speculative/ddtree_debug.py")
     tree, _, _, ids, logits = tree_round(dd, 5, 3, 16)
     picks = logits.argmax(-1)
     plan = dd.ddtree_commit_plan(tree, picks, ids, torch.full((3,), 10))

@@ -70,19 +70,28 @@ def load_ddtree_utils(spec: str = "ddtree") -> ModuleType:
     return load_overlay_module(spec, DDTREE_UTILS)
 
 
-@functools.lru_cache(maxsize=None)  # resolving a version runs GNU patch: once per process, not per decode
+_LOADING: List[str] = []  # the modules being loaded, outermost first: a sibling cycle is an error, not a hang
+
+
+@functools.lru_cache(maxsize=None)  # resolving a version runs GNU patch: once per module, not per decode
 def load_overlay_module(spec: str, path: str) -> ModuleType:
     """Import the torch-only module at ``path`` (inside the sglang package) as version ``spec`` lands it.
 
     The sglang modules it imports at its top that the version itself ships (a module split in two,
     0.3.0-rc.18's ``ddtree_utils.py``) are that version's, loaded the same way and seen under their
-    sglang names only while it runs, so two versions' siblings never meet.
+    sglang names only while it runs, so two versions' siblings never meet. A module that fails to
+    load is not left behind.
     """
     from ddtree_deploy.catalog import load_overlay
 
     overlay = load_overlay(spec, OVERLAYS)
     name = re.sub(r"\W", "_", f"{Path(path).stem}_{overlay.version}")
-    if name not in sys.modules:
+    if name in sys.modules:
+        return sys.modules[name]
+    if name in _LOADING:
+        raise ImportError(f"{overlay.label}: circular sibling imports: {' -> '.join([*_LOADING, name])}")
+    _LOADING.append(name)
+    try:
         source = overlay.content_of(path, None)
         siblings = {imported: load_overlay_module(spec, f"{imported.replace('.', '/')}.py")
                     for imported in re.findall(r"^from (sglang\.[\w.]+) import", source.decode(), re.M)
@@ -94,13 +103,18 @@ def load_overlay_module(spec: str, path: str) -> ModuleType:
         sys.modules.update(siblings)
         try:
             exec(compile(source, module.__file__, "exec"), module.__dict__)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
         finally:
             for imported, before in saved.items():
                 if before is None:
                     sys.modules.pop(imported, None)
                 else:
                     sys.modules[imported] = before
-    return sys.modules[name]
+    finally:
+        _LOADING.pop()
+    return module
 
 
 # --------------------------------------------------------------------------- models
