@@ -1,6 +1,7 @@
 """Overlay ddtree 0.3.0-rc.3's fused Triton tree builder (``ddtree_build.py``) against the torch batch
 builder and the reference heap, on the CPU through Triton's interpreter (numpy, float64 as on the GPU);
-and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K).
+and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K), and rc.18's
+(rc.16's code with the core split in three modules: the dispatch is looked up in the tree's and builder's).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
@@ -18,15 +19,17 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16"]
+SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18"]
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
+# rc.18 on: the core in three modules, loaded in this order (utils re-exports the builders)
+CORE = ["sglang/srt/speculative/ddtree_tree.py", "sglang/srt/speculative/ddtree_builder.py", UTILS]
 FIELDS = ("tokens", "depths", "parents", "visibility", "scores", "num_nodes")
 FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
 
@@ -91,6 +94,15 @@ def core(decode_tool: ModuleType, spec: str) -> ModuleType:
     return decode_tool.load_overlay_module(spec, UTILS)
 
 
+def private(core: ModuleType, name: str) -> Any:
+    """A private name of the version's core: ddtree_utils.py's own or, in a split core (rc.18 on), that of
+    the module defining it (the tree's or the builder's), reached through a public function's globals."""
+    for scope in (vars(core), core.build_ddtree_tree.__globals__, core.build_ddtree_batch.__globals__):
+        if name in scope:
+            return scope[name]
+    raise AttributeError(name)
+
+
 @pytest.fixture(scope="module")
 def cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
     return all_cases(make_logits)
@@ -105,8 +117,9 @@ def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tupl
 
     work = tmp_path_factory.mktemp("triton")
     overlay = load_overlay(spec, OVERLAYS)
-    for path in (KERNEL, UTILS):  # the interpreter reads a kernel's source from its file
-        (work / Path(path).name).write_bytes(overlay.content_of(path, None))
+    for path in (KERNEL, *CORE):  # the interpreter reads a kernel's source from its file
+        if path in overlay.manifest.files:
+            (work / Path(path).name).write_bytes(overlay.content_of(path, None))
     torch.save({**cases, "top_k": top_k_cases(make_logits)}, work / "cases.pt")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     child = subprocess.run([sys.executable, __file__, str(work)], env=env, capture_output=True, text=True, timeout=600)
@@ -130,8 +143,8 @@ def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, fr
         assert not hasattr(core, "_ddtree_key64_tokens") and not any(key.startswith("top_k/") for key in from_kernels)
         return
     for name, (logits, k) in top_k_cases(make_logits).items():
-        log_probs, ordered = core._ddtree_log_probs_and_images(logits)
-        tokens = core._ddtree_key64_tokens(ordered, k)
+        log_probs, ordered = private(core, "_ddtree_log_probs_and_images")(logits)
+        tokens = private(core, "_ddtree_key64_tokens")(ordered, k)
         got_log_probs, got_tokens = from_kernels[f"top_k/{name}"]
         assert torch.equal(got_tokens, tokens), name
         assert torch.equal(got_log_probs.view(torch.int32), log_probs.gather(-1, tokens).view(torch.int32)), name
@@ -189,11 +202,20 @@ def test_the_cases_hold_what_the_kernel_must_get_right(core: ModuleType, cases: 
     for name in (n for n in NAMES if n.startswith("rounding")):
         logits, budget = cases[name][0][0], cases[name][1]
         tree = trees[name].tree(0)
-        top, _ = core._ddtree_top_k(logits, min(budget, logits.shape[-1]))
+        top, _ = private(core, "_ddtree_top_k")(logits, min(budget, logits.shape[-1]))
         parents, scores = tree.parents.tolist(), [0.0] + tree.scores.tolist()
-        closed_form = [scores[parents[i]] + top[len(p) - 1, p[-1]].double().item() for i, p in enumerate(rank_paths(core, logits, tree), 1)]
+        closed_form = [scores[parents[i]] + top[len(p) - 1, p[-1]].double().item() for i, p in enumerate(rank_paths(SimpleNamespace(_ddtree_top_k=private(core, "_ddtree_top_k")), logits, tree), 1)]
         assert closed_form != scores[1:], name
         assert not core.build_ddtree_batch(logits[None], budget).scores_exact.all(), name
+
+
+def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, make_logits: MakeLogits) -> None:
+    """The child's trees came from the interpreted kernels, not from the torch code beside them: the
+    dispatch the version looks up (a split core's in its tree's and builder's modules) was reached."""
+    calls = from_kernels["calls"]
+    assert calls["build"] == len(NAMES) + len(ONE_REDUCTION)
+    has_top_k = "_ddtree_key64_tokens" in core.build_ddtree_tree.__globals__  # rc.16 on
+    assert calls["top_k"] >= (len(top_k_cases(make_logits)) + calls["build"] if has_top_k else 0)
 
 
 def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
@@ -209,13 +231,15 @@ def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
 def test_non_positive_budgets_stay_root_only_without_the_kernel(
     core: ModuleType, monkeypatch: pytest.MonkeyPatch, budget: int
 ) -> None:
-    monkeypatch.setattr(core, "_ddtree_triton_builder", lambda device: pytest.fail("kernel called"))
+    # where build_ddtree_batch looks it up: ddtree_utils.py's globals, or a split core's builder's
+    monkeypatch.setitem(core.build_ddtree_batch.__globals__, "_ddtree_triton_builder",
+                        lambda device: pytest.fail("kernel called"))
     batch = core.build_ddtree_batch(torch.randn(2, 4, 16), budget)
     assert batch.num_nodes.tolist() == [0, 0] and batch.parents.shape == (2, max(budget, 0) + 1)
 
 
 def test_the_cpu_keeps_the_torch_builder(core: ModuleType) -> None:
-    assert core._ddtree_triton_builder(torch.device("cpu")) is None
+    assert private(core, "_ddtree_triton_builder")(torch.device("cpu")) is None
 
 
 # --------------------------------------------------------------------------- the child process
@@ -224,6 +248,7 @@ def _load(path: Path) -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    sys.modules[f"sglang.srt.speculative.{path.stem}"] = module  # a split core's later modules import it
     spec.loader.exec_module(module)
     return module
 
@@ -265,17 +290,28 @@ def _build_with_kernels(work: Path) -> None:
     its Triton top-K too), and that top-K alone on ``top_k_cases``."""
     assert os.environ["TRITON_INTERPRET"] == "1" and "triton" not in sys.modules
     torch.set_num_threads(1)
-    utils, kernel = _load(work / Path(UTILS).name), _load(work / Path(KERNEL).name)
-    trees: dict[str, object] = {"refusals": _refusals(kernel)}
+    core = {path.stem: _load(path) for path in (work / Path(p).name for p in CORE) if path.exists()}
+    utils, kernel = core["ddtree_utils"], _load(work / Path(KERNEL).name)
+    # Where the CUDA dispatch is looked up: ddtree_utils.py's own, or a split core's tree and builder.
+    top_k_home, builder_home = core.get("ddtree_tree", utils), core.get("ddtree_builder", utils)
+    calls = {"top_k": 0, "build": 0}  # so the parent knows the kernels, not the torch code, answered
+
+    def counted(what: str, kernel_op: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[what] += 1
+            return kernel_op(*args, **kwargs)
+        return call
+
+    trees: dict[str, object] = {"refusals": _refusals(kernel), "calls": calls}
     cases = torch.load(work / "cases.pt")
     if hasattr(kernel, "ddtree_top_k_triton"):
-        utils._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton
+        top_k_home._ddtree_triton_top_k = lambda device: counted("top_k", kernel.ddtree_top_k_triton)
         torch.Tensor.topk = _adversarial_select(torch.Tensor.topk)  # this child process only
         for name, (logits, k) in cases["top_k"].items():
-            trees[f"top_k/{name}"] = utils._ddtree_top_k(logits, k)
+            trees[f"top_k/{name}"] = top_k_home._ddtree_top_k(logits, k)
     for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
         builder = functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction")
-        utils._ddtree_triton_builder = lambda device, builder=builder: builder
+        builder_home._ddtree_triton_builder = lambda device, builder=builder: counted("build", builder)
         for name in names:
             tree = utils.build_ddtree_batch(*cases[name])
             trees[f"{name}/{pop}"] = {field: getattr(tree, field) for field in (*FIELDS, "scores_exact", "max_depth")}
