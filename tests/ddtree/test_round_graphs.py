@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from ddtree_deploy.catalog import load_overlay
-from tests.ddtree.conftest import OVERLAYS, lift_release
+from tests.ddtree.conftest import OVERLAYS, lift_release, load_tool
 from tests.ddtree.test_commit_moves import walk_picks
 
 RC7 = "ddtree@0.3.0-rc.7"
@@ -60,8 +60,7 @@ def round_modules(spec: str, tmp: Path) -> Iterator[SimpleNamespace]:
     the caller uses it; ``sys.modules`` is restored afterwards."""
     overlay = load_overlay(spec, OVERLAYS)
     tag = spec.rsplit(".", 1)[-1]
-    saved = {name: sys.modules.get(name) for name in [*SIBLINGS, f"ddtree_round_{tag}", f"ddtree_tp_{tag}"]}
-    try:
+    with load_tool().modules_restored([*SIBLINGS, f"ddtree_round_{tag}", f"ddtree_tp_{tag}"]):
         siblings = {name: _module(name, overlay, path, tmp) for name, path in SIBLINGS.items()
                     if path in overlay.manifest.files}
         rounds = _module(f"ddtree_round_{tag}", overlay, f"{SPECULATIVE}/ddtree_round.py", tmp)
@@ -71,12 +70,6 @@ def round_modules(spec: str, tmp: Path) -> Iterator[SimpleNamespace]:
             hybrid=siblings["sglang.srt.speculative.ddtree_hybrid"], round=rounds, tp=tp,
             draft_kv=siblings.get("sglang.srt.speculative.ddtree_draft_kv"),
         )
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 @pytest.fixture(scope="module")

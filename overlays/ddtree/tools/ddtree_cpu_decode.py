@@ -32,6 +32,7 @@ install it first).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -40,7 +41,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
@@ -68,6 +69,20 @@ def load_ddtree_utils(spec: str = "ddtree") -> ModuleType:
     """Import the ddtree_utils.py that version ``spec`` lands (default: the newest release), resolved
     through ``inherits`` and ``edits`` by ddtree-deploy's own loader: one module per version, no sglang needed."""
     return load_overlay_module(spec, DDTREE_UTILS)
+
+
+@contextlib.contextmanager
+def modules_restored(names: Iterable[str]) -> Iterator[None]:
+    """``sys.modules``' entries for ``names`` as they were before the block, whatever it registers."""
+    saved = {name: sys.modules.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, before in saved.items():
+            if before is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = before
 
 
 _LOADING: List[str] = []  # the modules being loaded, outermost first: a sibling cycle is an error, not a hang
@@ -98,20 +113,14 @@ def load_overlay_module(spec: str, path: str) -> ModuleType:
                     if f"{imported.replace('.', '/')}.py" in overlay.manifest.files}
         module = ModuleType(name)
         module.__file__ = f"{overlay.label}:{path}"
-        saved = {imported: sys.modules.get(imported) for imported in siblings}
         sys.modules[name] = module  # dataclasses resolve annotations through sys.modules
-        sys.modules.update(siblings)
-        try:
-            exec(compile(source, module.__file__, "exec"), module.__dict__)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        finally:
-            for imported, before in saved.items():
-                if before is None:
-                    sys.modules.pop(imported, None)
-                else:
-                    sys.modules[imported] = before
+        with modules_restored(siblings):
+            sys.modules.update(siblings)
+            try:
+                exec(compile(source, module.__file__, "exec"), module.__dict__)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
     finally:
         _LOADING.pop()
     return module
