@@ -1,6 +1,6 @@
 """Benchmark: the DDTree tree build's top-K, overlay 0.1.0's ``_ddtree_top_k`` (one int64 key per
 vocabulary entry: the log-prob's order-preserving image, then the token id) against the newest
-version's (``bench.tree_build.NEWEST``, rc.16), each replayed from a CUDA graph, with the float32 floor
+version's (``bench.tree_build.NEWEST``: rc.16's top-K from rc.16 on), each replayed from a CUDA graph, with the float32 floor
 beside them.
 
 Run 26 (H100) put the top-K at 0.27 ms of the fused Triton build's 0.56 ms at budget 512, batch 1
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dd = load_module("ddtree_utils_overlay", DDTREE_UTILS)
     core, _ = load_newest_pair()
-    variants = {"rc.16": core._ddtree_top_k}
+    variants = {NEWEST.rsplit("-", 1)[1]: core._ddtree_top_k}
     failed = not edge_cases_equal(dd, core._ddtree_top_k, args.device)
     print(f"edge cases (NaN row, k 1 / 100 / 1024 / 1025 / V): {NEWEST} {'DIFFERENT' if failed else 'equal'}")
     for bs in args.batch:

@@ -1,9 +1,10 @@
 """Benchmark: DDTree batch tree builder (overlay ddtree_utils.build_ddtree_batch) against a plain
 best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8; on CUDA also
 the fused Triton builder (``ddtree_build.py``: the top-K, then one program per request runs the pop
-loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: rc.3's (0.1.0's int64-key
-top-K in torch, rc.3's kernel) and the newest (``NEWEST``: rc.16's Triton 32-bit top-K with its ties
-repaired) side by side, and the newest kernel at each ``--warps`` count.
+loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: the previous
+(``PREVIOUS``, rc.16: its Triton 32-bit top-K with its ties repaired, one pop per reduction of the
+frontier) and the newest (``NEWEST``, rc.19: the same top-K, two pops per reduction) side by side,
+and the newest kernel at each ``--warps`` count.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
 log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the
@@ -16,7 +17,8 @@ kernels), whose trees must equal the torch builder's exactly (tokens, scores, pa
     python bench/tree_build.py --device cuda        # GPU
 
 Prints times per call and the ratios heap / batch (and, on CUDA, heap / graph, heap / triton graph
-for rc.3's builder and the newest, and each one's graphed top-K alone), all measured in this one run.
+for the previous Triton builder and the newest, and each one's graphed top-K alone), all measured in
+this one run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import functools
 import heapq
 import importlib.util
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -41,11 +44,11 @@ import torch
 
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
-# A whole new file of 0.3.0-rc.3 (torch and triton only), so it loads by path like the core.
-DDTREE_BUILD_KERNEL = OVERLAYS / "0.3.0-rc.3/files/sglang/kernels/ops/speculative/ddtree_build.py"
-NEWEST = "ddtree@0.3.0-rc.16"  # the version whose top-K and kernel the "new" columns time
-NEWEST_CORE = "sglang/srt/speculative/ddtree_utils.py"
-NEWEST_KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
+PREVIOUS = "ddtree@0.3.0-rc.16"  # one pop per reduction (rc.17 and rc.18 run its kernel and top-K)
+NEWEST = "ddtree@0.3.0-rc.19"  # two pops per reduction, rc.16's top-K
+KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
+# Where a version defines _ddtree_top_k: a split core's tree module (rc.18 on), else its ddtree_utils.py.
+TOP_K_HOMES = ("sglang/srt/speculative/ddtree_tree.py", "sglang/srt/speculative/ddtree_utils.py")
 
 
 def load_module(name: str, path: Path) -> ModuleType:
@@ -62,29 +65,40 @@ def load_ddtree_utils() -> ModuleType:
 
 
 @functools.lru_cache(maxsize=1)
-def newest_files() -> Path:
+def overlay_files() -> Path:
     """One temporary folder for the run's overlay files, made on first use and removed at exit."""
     folder = tempfile.TemporaryDirectory(prefix="ddtree_bench_")
     atexit.register(folder.cleanup)
     return Path(folder.name)
 
 
-def load_newest(path: str) -> ModuleType:
-    """``path`` (inside the sglang package) as ``NEWEST`` lands it, resolved through its parents and
+def load_version_file(spec: str, path: str) -> ModuleType:
+    """``path`` (inside the sglang package) as version ``spec`` lands it, resolved through its parents and
     edits, written to a file first (Triton reads a kernel's source from its file)."""
     from ddtree_deploy.catalog import load_overlay
 
-    target = newest_files() / Path(path).name
-    target.write_bytes(load_overlay(NEWEST, OVERLAYS.parent).content_of(path, None))
-    return load_module(f"{target.stem}_newest", target)
+    overlay = load_overlay(spec, OVERLAYS.parent)
+    tag = re.sub(r"\W", "_", overlay.version)
+    target = overlay_files() / f"{Path(path).stem}_{tag}.py"
+    target.write_bytes(overlay.content_of(path, None))
+    return load_module(target.stem, target)
+
+
+def load_version_pair(spec: str) -> tuple[ModuleType, ModuleType]:
+    """The module holding version ``spec``'s ``_ddtree_top_k`` (a split core's tree module, else its
+    ddtree_utils) and its Triton kernels, the top-K's CUDA path pointed at those kernels (the bench's
+    sglang is the pristine release, where the core's own import finds none)."""
+    from ddtree_deploy.catalog import load_overlay
+
+    files = load_overlay(spec, OVERLAYS.parent).manifest.files
+    core = load_version_file(spec, next(path for path in TOP_K_HOMES if path in files))
+    kernel = load_version_file(spec, KERNEL)
+    core._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton if device.type == "cuda" else None
+    return core, kernel
 
 
 def load_newest_pair() -> tuple[ModuleType, ModuleType]:
-    """``NEWEST``'s ddtree_utils and its Triton kernels, the core's CUDA top-K pointed at those kernels
-    (the bench's sglang is the pristine release, where the core's own import finds none)."""
-    core, kernel = load_newest(NEWEST_CORE), load_newest(NEWEST_KERNEL)
-    core._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton if device.type == "cuda" else None
-    return core, kernel
+    return load_version_pair(NEWEST)
 
 
 # --------------------------------------------------------------------------- the heap baseline
@@ -214,7 +228,7 @@ def graphed_columns(
     dd: ModuleType, builders: tuple[TritonBuilder, TritonBuilder], warps: list[int], logits: torch.Tensor,
     budget: int, heap_s: float, repeats: int,
 ) -> str:
-    """The CUDA-graph columns: the torch batch builder, rc.3's and the newest Triton builder with each
+    """The CUDA-graph columns: the torch batch builder, the previous and the newest Triton builder with each
     one's top-K alone, then the newest at each count of ``warps`` (heap / time)."""
     newest = builders[1]
     timings: list[tuple[Callable[[torch.Tensor, int], object], int]] = [(dd.build_ddtree_batch, 10)]
@@ -252,16 +266,13 @@ def main() -> None:
     device = torch.device(args.device)
     dd = load_ddtree_utils()
     cuda = device.type == "cuda"
-    builders = (
-        TritonBuilder(dd, load_module("ddtree_build_overlay", DDTREE_BUILD_KERNEL)),
-        TritonBuilder(*load_newest_pair()),
-    ) if cuda else None
+    builders = (TritonBuilder(*load_version_pair(PREVIOUS)), TritonBuilder(*load_newest_pair())) if cuda else None
     print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'})")
     print(f"torch {torch.__version__}, L={args.length}, V={args.vocab}, bf16 logits, median of {args.repeats}")
     header = f"{'bs':>3} {'budget':>6} {'heap ms':>9} {'batch ms':>9} {'heap/batch':>10}"
     if cuda:
         header += f" {'graph ms':>9} {'heap/graph':>10}"
-        for label in ("rc.3", "new"):
+        for label in (PREVIOUS.rsplit("-", 1)[1], NEWEST.rsplit("-", 1)[1]):
             header += f" {label + ' ms':>9} {'heap/' + label:>11} {label + ' top-K':>9}"
         header += "".join(f" {f'{w}w ms':>9} {'heap/' + str(w) + 'w':>8}" for w in args.warps)
     print(header)

@@ -1,7 +1,8 @@
 """Overlay ddtree 0.3.0-rc.3's fused Triton tree builder (``ddtree_build.py``) against the torch batch
 builder and the reference heap, on the CPU through Triton's interpreter (numpy, float64 as on the GPU);
-and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K), and rc.18's
-(rc.16's code with the core split in three modules: the dispatch is looked up in the tree's and builder's).
+and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K), rc.18's
+(rc.16's code with the core split in three modules: the dispatch is looked up in the tree's and builder's),
+and rc.19's (two pops per reduction of the frontier, and a radix-select top-K).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
@@ -25,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18"]
+SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19"]
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 # rc.18 on: the core in three modules, loaded in this order (utils re-exports the builders)
@@ -137,7 +138,7 @@ def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
 
 def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, from_kernels: dict,
                                                  make_logits: MakeLogits) -> None:
-    """rc.16's interpreted top-K kernels give the int64 key's log-probs and tokens bit for bit (rc.3's top-K
+    """The version's interpreted top-K kernels (rc.16's repaired select, rc.19's radix select) give the int64 key's log-probs and tokens bit for bit (rc.3's top-K
     is the int64 key itself: it has no kernels for it)."""
     if spec == "ddtree@0.3.0-rc.3":
         assert not hasattr(core, "_ddtree_key64_tokens") and not any(key.startswith("top_k/") for key in from_kernels)
