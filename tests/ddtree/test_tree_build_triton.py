@@ -138,8 +138,9 @@ def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
 
 def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, from_kernels: dict,
                                                  make_logits: MakeLogits) -> None:
-    """The version's interpreted top-K kernels (rc.16's repaired select, rc.19's radix select) give the int64 key's log-probs and tokens bit for bit (rc.3's top-K
-    is the int64 key itself: it has no kernels for it)."""
+    """The version's interpreted top-K kernels (rc.16's repaired select, rc.19's radix select) give the
+    int64 key's log-probs and tokens bit for bit (rc.3's top-K is the int64 key itself: it has no kernels
+    for it)."""
     if spec == "ddtree@0.3.0-rc.3":
         assert not hasattr(core, "_ddtree_key64_tokens") and not any(key.startswith("top_k/") for key in from_kernels)
         return
