@@ -1,7 +1,7 @@
 """Benchmark: the DDTree tree build's top-K, overlay 0.1.0's ``_ddtree_top_k`` (one int64 key per
 vocabulary entry: the log-prob's order-preserving image, then the token id) against the newest
-version's (``bench.tree_build.NEWEST``: rc.16's top-K from rc.16 on), each replayed from a CUDA graph, with the float32 floor
-beside them.
+version's (``bench.tree_build.NEWEST``), each replayed from a CUDA graph, with the float32 floor
+beside them. The newest must equal the int64 key on its own log-probs (``key64_top_k``).
 
 Run 26 (H100) put the top-K at 0.27 ms of the fused Triton build's 0.56 ms at budget 512, batch 1
 (L = 15, V = 151936). ``torch.topk``'s radix select over 64-bit keys takes twice the passes of a
@@ -59,8 +59,21 @@ def same_top_k(want: tuple[torch.Tensor, torch.Tensor], got: tuple[torch.Tensor,
     return torch.equal(want[1], got[1]) and torch.equal(want[0].view(torch.int32), got[0].view(torch.int32))
 
 
-def same_as_reference(dd: ModuleType, logits: torch.Tensor, k: int, variant: Callable[..., tuple]) -> bool:
-    return same_top_k(dd._ddtree_top_k(logits, k), variant(logits, k))
+def key64_top_k(core: ModuleType) -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]:
+    """The exact top-K on ``core``'s own log-probs: one int64 key per entry (image, then the smaller id).
+    (From rc.20 a version's log-probs are its own to the last bit, so 0.1.0's are not the reference.)"""
+
+    def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs, ordered = core._ddtree_log_probs_and_images(logits)
+        tokens = core._ddtree_key64_tokens(ordered, k)
+        return log_probs.gather(-1, tokens), tokens
+
+    return top_k
+
+
+def same_as_reference(reference: Callable[..., tuple], logits: torch.Tensor, k: int,
+                      variant: Callable[..., tuple]) -> bool:
+    return same_top_k(reference(logits, k), variant(logits, k))
 
 
 def draft_like_logits(bs: int, length: int, vocab: int, device: str) -> torch.Tensor:
@@ -73,12 +86,12 @@ def draft_like_logits(bs: int, length: int, vocab: int, device: str) -> torch.Te
     return logits.to(torch.bfloat16).to(device)
 
 
-def edge_cases_equal(dd: ModuleType, newest: Callable[..., tuple], device: str) -> bool:
+def edge_cases_equal(reference: Callable[..., tuple], newest: Callable[..., tuple], device: str) -> bool:
     """The newest top-K equals the reference where the timed shapes do not go: a fully masked row (NaN
     log-probs), k of 1, not a power of two, the kernels' widest (1,024), one wider and the whole vocabulary."""
     logits = draft_like_logits(2, 3, 5000, device)
     logits[1, 2] = float("-inf")
-    return all(same_as_reference(dd, logits, k, newest) for k in (1, 100, 1024, 1025, 5000))
+    return all(same_as_reference(reference, logits, k, newest) for k in (1, 100, 1024, 1025, 5000))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,14 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     dd = load_module("ddtree_utils_overlay", DDTREE_UTILS)
     core, _ = load_newest_pair()
+    reference = key64_top_k(core)
     variants = {NEWEST.rsplit("-", 1)[1]: core._ddtree_top_k}
-    failed = not edge_cases_equal(dd, core._ddtree_top_k, args.device)
+    failed = not edge_cases_equal(reference, core._ddtree_top_k, args.device)
     print(f"edge cases (NaN row, k 1 / 100 / 1024 / 1025 / V): {NEWEST} {'DIFFERENT' if failed else 'equal'}")
     for bs in args.batch:
         logits = draft_like_logits(bs, args.length, args.vocab, args.device)
         for budget in args.budgets:
             k = min(budget, args.vocab)
-            same = {name: same_as_reference(dd, logits, k, variant) for name, variant in variants.items()}
+            same = {name: same_as_reference(reference, logits, k, variant) for name, variant in variants.items()}
             failed |= not all(same.values())
             line = f"bs {bs} budget {budget}: {NEWEST} " + ", ".join(
                 f"{name} {'equal' if ok else 'DIFFERENT'}" for name, ok in same.items())

@@ -2,16 +2,18 @@
 best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8; on CUDA also
 the fused Triton builder (``ddtree_build.py``: the top-K, then one program per request runs the pop
 loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: the previous
-(``PREVIOUS``, rc.16: its Triton 32-bit top-K with its ties repaired, one pop per reduction of the
-frontier) and the newest (``NEWEST``, rc.19: the same top-K, two pops per reduction) side by side,
-and the newest kernel at each ``--warps`` count.
+(``PREVIOUS``, rc.16: torch's log-softmax, its Triton 32-bit top-K with its ties repaired, one pop per
+reduction of the frontier) and the newest (``NEWEST``, rc.20: Triton log-probs, a radix-select top-K,
+two pops per reduction) side by side, and the newest kernel at each ``--warps`` count.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
 log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the
 tree (tokens, parents, visibility) copied back to the device. The batched builder stays on the
 device; on CUDA it runs under ``torch.cuda.set_sync_debug_mode("error")`` (any host sync
-raises) and is also timed as a replayed CUDA graph; so is the Triton builder (top-K plus its two
-kernels), whose trees must equal the torch builder's exactly (tokens, scores, parents, visibility).
+raises) and is also timed as a replayed CUDA graph; so is each Triton builder (top-K plus its two
+kernels), whose trees must equal its own version's torch builder's exactly (tokens, scores, parents,
+visibility; from rc.20 the log-probs' last bit is the version's own, so 0.1.0's torch builder no
+longer gives the same trees at near-ties).
 
     python bench/tree_build.py                      # CPU
     python bench/tree_build.py --device cuda        # GPU
@@ -45,10 +47,12 @@ import torch
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 PREVIOUS = "ddtree@0.3.0-rc.16"  # one pop per reduction (rc.17 and rc.18 run its kernel and top-K)
-NEWEST = "ddtree@0.3.0-rc.19"  # two pops per reduction, rc.16's top-K
+NEWEST = "ddtree@0.3.0-rc.20"  # two pops per reduction, a radix-select top-K, fused log-probs
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 # Where a version defines _ddtree_top_k: a split core's tree module (rc.18 on), else its ddtree_utils.py.
 TOP_K_HOMES = ("sglang/srt/speculative/ddtree_tree.py", "sglang/srt/speculative/ddtree_utils.py")
+BUILDER = "sglang/srt/speculative/ddtree_builder.py"  # a split core's batch builder
+TREE_MODULE = "sglang.srt.speculative.ddtree_tree"
 
 
 def load_module(name: str, path: Path) -> ModuleType:
@@ -86,19 +90,38 @@ def load_version_file(spec: str, path: str) -> ModuleType:
 
 def load_version_pair(spec: str) -> tuple[ModuleType, ModuleType]:
     """The module holding version ``spec``'s ``_ddtree_top_k`` (a split core's tree module, else its
-    ddtree_utils) and its Triton kernels, the top-K's CUDA path pointed at those kernels (the bench's
-    sglang is the pristine release, where the core's own import finds none)."""
+    ddtree_utils) and its Triton kernels, the top-K's CUDA path (and from rc.20 the log-probs') pointed
+    at those kernels (the bench's sglang is the pristine release, where the core's own import finds none)."""
     from ddtree_deploy.catalog import load_overlay
 
     files = load_overlay(spec, OVERLAYS.parent).manifest.files
     core = load_version_file(spec, next(path for path in TOP_K_HOMES if path in files))
     kernel = load_version_file(spec, KERNEL)
     core._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton if device.type == "cuda" else None
+    if hasattr(kernel, "ddtree_log_probs_triton"):
+        core._ddtree_triton_log_probs = lambda device: kernel.ddtree_log_probs_triton if device.type == "cuda" else None
     return core, kernel
 
 
 def load_newest_pair() -> tuple[ModuleType, ModuleType]:
     return load_version_pair(NEWEST)
+
+
+def load_torch_builder(spec: str, top_k_home: ModuleType) -> Callable[[torch.Tensor, int], object]:
+    """Version ``spec``'s own ``build_ddtree_batch`` with its Triton tree build turned off: the torch batch
+    builder on the version's log-probs and top-K (``top_k_home``'s), which the Triton build must equal."""
+    from ddtree_deploy.catalog import load_overlay
+
+    if BUILDER not in load_overlay(spec, OVERLAYS.parent).manifest.files:
+        module = top_k_home  # a whole core: its ddtree_utils.py builds too
+    else:  # a split core's builder imports the tree module by its sglang name, only while it loads
+        sys.modules[TREE_MODULE] = top_k_home
+        try:
+            module = load_version_file(spec, BUILDER)
+        finally:
+            del sys.modules[TREE_MODULE]
+    module._ddtree_triton_builder = lambda device: None
+    return module.build_ddtree_batch
 
 
 # --------------------------------------------------------------------------- the heap baseline
@@ -154,11 +177,18 @@ def heap_build(draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, t
 @dataclass(frozen=True)
 class TritonBuilder:
     """What ``build_ddtree_batch`` runs on CUDA from rc.3 on: the ``_ddtree_top_k`` of ``core``, then the
-    fused kernels of ``kernel``, at ``num_warps`` (None: the launcher's own rule)."""
+    fused kernels of ``kernel``, at ``num_warps`` (None: the launcher's own rule); ``reference`` is the
+    version's torch batch builder, which it must equal."""
 
     core: ModuleType
     kernel: ModuleType
+    reference: Callable[[torch.Tensor, int], object]
     num_warps: int | None = None
+
+    @classmethod
+    def of(cls, spec: str) -> TritonBuilder:
+        core, kernel = load_version_pair(spec)
+        return cls(core, kernel, load_torch_builder(spec, core))
 
     def top_k(self, draft_logits: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The top-K the build starts from (timed alone: how much of the build it is)."""
@@ -172,9 +202,9 @@ class TritonBuilder:
         return self.kernel.build_ddtree_trees_triton(log_probs=top, top_tokens=ids, budget=budget, **warps)
 
 
-def check_triton_same(dd: ModuleType, builder: TritonBuilder, logits: torch.Tensor, budget: int) -> None:
-    """The Triton trees equal the torch builder's bit for bit (an exact top-K, so tokens agree too)."""
-    batch = dd.build_ddtree_batch(logits, budget)
+def check_triton_same(builder: TritonBuilder, logits: torch.Tensor, budget: int) -> None:
+    """The Triton trees equal the version's torch builder's bit for bit (an exact top-K, so tokens agree too)."""
+    batch = builder.reference(logits, budget)
     got = builder.build(logits, budget)
     for name, value in zip(("tokens", "depths", "parents", "visibility", "scores", "num_nodes"), got, strict=True):
         if not torch.equal(value, getattr(batch, name)):
@@ -233,14 +263,14 @@ def graphed_columns(
     newest = builders[1]
     timings: list[tuple[Callable[[torch.Tensor, int], object], int]] = [(dd.build_ddtree_batch, 10)]
     for builder in builders:
-        check_triton_same(dd, builder, logits, budget)
+        check_triton_same(builder, logits, budget)
         torch.cuda.set_sync_debug_mode("error")  # the Triton build has no host sync either
         builder.build(logits, budget)
         torch.cuda.set_sync_debug_mode("default")
         timings += [(builder.build, 11), (builder.top_k, 0)]
     for count in warps:
         at_count = replace(newest, num_warps=count)
-        check_triton_same(dd, at_count, logits, budget)
+        check_triton_same(at_count, logits, budget)
         timings.append((at_count.build, 8))
     cells = []
     for build, width in timings:
@@ -266,7 +296,7 @@ def main() -> None:
     device = torch.device(args.device)
     dd = load_ddtree_utils()
     cuda = device.type == "cuda"
-    builders = (TritonBuilder(*load_version_pair(PREVIOUS)), TritonBuilder(*load_newest_pair())) if cuda else None
+    builders = (TritonBuilder.of(PREVIOUS), TritonBuilder.of(NEWEST)) if cuda else None
     print(f"device {device} ({torch.cuda.get_device_name(device) if cuda else f'{torch.get_num_threads()} threads'})")
     print(f"torch {torch.__version__}, L={args.length}, V={args.vocab}, bf16 logits, median of {args.repeats}")
     header = f"{'bs':>3} {'budget':>6} {'heap ms':>9} {'batch ms':>9} {'heap/batch':>10}"

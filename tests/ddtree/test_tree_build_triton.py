@@ -2,7 +2,8 @@
 builder and the reference heap, on the CPU through Triton's interpreter (numpy, float64 as on the GPU);
 and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K), rc.18's
 (rc.16's code with the core split in three modules: the dispatch is looked up in the tree's and builder's),
-and rc.19's (two pops per reduction of the frontier, and a radix-select top-K).
+rc.19's (two pops per reduction of the frontier, and a radix-select top-K), and rc.20's (the log-probs
+by Triton kernels: a float64 logsumexp over chunks of each row).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19"]
+SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20"]
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 # rc.18 on: the core in three modules, loaded in this order (utils re-exports the builders)
@@ -152,6 +153,26 @@ def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, fr
         assert torch.equal(got_log_probs.view(torch.int32), log_probs.gather(-1, tokens).view(torch.int32)), name
 
 
+def test_the_fused_log_probs_are_the_torch_path(core: ModuleType, from_kernels: dict, make_logits: MakeLogits) -> None:
+    """rc.20's interpreted log-probs kernels give the CPU's float64 path bit for bit, images included,
+    a fully masked (NaN) row too; and torch's float32 ``log_softmax`` is within two units in the last
+    place of them (its float32 sum rounds; on these rows it is off by two at most). Versions before rc.20
+    have no such kernels."""
+    if "_ddtree_triton_log_probs" not in core.build_ddtree_tree.__globals__:
+        assert not any(key.startswith("log_probs/") for key in from_kernels)
+        return
+    ulps = []
+    for name, (logits, _) in top_k_cases(make_logits).items():
+        got_log_probs, got_images = from_kernels[f"log_probs/{name}"]
+        log_probs, images = private(core, "_ddtree_log_probs_and_images")(logits)
+        assert torch.equal(got_log_probs.view(torch.int32), log_probs.view(torch.int32)), name
+        assert torch.equal(got_images, images), name
+        finite = log_probs.isfinite()
+        torch_bits = torch.log_softmax(logits.float(), dim=-1)[finite].view(torch.int32).long()
+        ulps.append((log_probs[finite].view(torch.int32).long() - torch_bits).abs().max())
+    assert max(ulps) <= 2
+
+
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
     return core.DDTreeBatch(**built, budget=budget)
 
@@ -218,6 +239,8 @@ def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, m
     assert calls["build"] == len(NAMES) + len(ONE_REDUCTION)
     has_top_k = "_ddtree_key64_tokens" in core.build_ddtree_tree.__globals__  # rc.16 on
     assert calls["top_k"] >= (len(top_k_cases(make_logits)) + calls["build"] if has_top_k else 0)
+    has_log_probs = "_ddtree_triton_log_probs" in core.build_ddtree_tree.__globals__  # rc.20 on
+    assert calls["log_probs"] == (len(top_k_cases(make_logits)) + calls["top_k"] if has_log_probs else 0)
 
 
 def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
@@ -296,7 +319,7 @@ def _build_with_kernels(work: Path) -> None:
     utils, kernel = core["ddtree_utils"], _load(work / Path(KERNEL).name)
     # Where the CUDA dispatch is looked up: ddtree_utils.py's own, or a split core's tree and builder.
     top_k_home, builder_home = core.get("ddtree_tree", utils), core.get("ddtree_builder", utils)
-    calls = {"top_k": 0, "build": 0}  # so the parent knows the kernels, not the torch code, answered
+    calls = {"top_k": 0, "build": 0, "log_probs": 0}  # so the parent knows the kernels, not the torch code, answered
 
     def counted(what: str, kernel_op: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -306,6 +329,10 @@ def _build_with_kernels(work: Path) -> None:
 
     trees: dict[str, object] = {"refusals": _refusals(kernel), "calls": calls}
     cases = torch.load(work / "cases.pt")
+    if hasattr(kernel, "ddtree_log_probs_triton"):  # rc.20 on
+        top_k_home._ddtree_triton_log_probs = lambda device: counted("log_probs", kernel.ddtree_log_probs_triton)
+        for name, (logits, _) in cases["top_k"].items():
+            trees[f"log_probs/{name}"] = top_k_home._ddtree_log_probs_and_images(logits)
     if hasattr(kernel, "ddtree_top_k_triton"):
         top_k_home._ddtree_triton_top_k = lambda device: counted("top_k", kernel.ddtree_top_k_triton)
         torch.Tensor.topk = _adversarial_select(torch.Tensor.topk)  # this child process only
