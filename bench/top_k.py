@@ -71,6 +71,19 @@ def key64_top_k(core: ModuleType) -> Callable[[torch.Tensor, int], tuple[torch.T
     return top_k
 
 
+def log_probs_gap(core: ModuleType, logits: torch.Tensor) -> tuple[int, int]:
+    """``core``'s log-probs on ``logits``' device against its own torch path on the CPU: (the largest gap in
+    units in the last place, how many entries differ), a NaN where the other is not counted as a gap of 2**31.
+    From rc.20 both are the logit minus a float64 logsumexp, so a gap of one unit is a rounding boundary,
+    and more is a wrong kernel."""
+    got, _ = core._ddtree_log_probs_and_images(logits)
+    want, _ = core._ddtree_log_probs_and_images(logits.cpu())
+    got, nan = got.cpu(), want.isnan()
+    gap = (got.view(torch.int32).long() - want.view(torch.int32).long()).abs()
+    gap = torch.where(nan | got.isnan(), torch.where(nan == got.isnan(), 0, 1 << 31), gap)
+    return int(gap.max()), int((gap > 0).sum())
+
+
 def same_as_reference(reference: Callable[..., tuple], logits: torch.Tensor, k: int,
                       variant: Callable[..., tuple]) -> bool:
     return same_top_k(reference(logits, k), variant(logits, k))
@@ -110,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     variants = {NEWEST.rsplit("-", 1)[1]: core._ddtree_top_k}
     failed = not edge_cases_equal(reference, core._ddtree_top_k, args.device)
     print(f"edge cases (NaN row, k 1 / 100 / 1024 / 1025 / V): {NEWEST} {'DIFFERENT' if failed else 'equal'}")
+    widest, differing = log_probs_gap(core, draft_like_logits(8, args.length, args.vocab, args.device))
+    failed |= widest > 1
+    print(f"log-probs on {args.device} against the CPU's torch path: {NEWEST} at most {widest} units in the last "
+          f"place, {differing} entries differ{' (WRONG: more than a rounding boundary)' if widest > 1 else ''}")
     for bs in args.batch:
         logits = draft_like_logits(bs, args.length, args.vocab, args.device)
         for budget in args.budgets:

@@ -115,11 +115,15 @@ def load_torch_builder(spec: str, top_k_home: ModuleType) -> Callable[[torch.Ten
     if BUILDER not in load_overlay(spec, OVERLAYS.parent).manifest.files:
         module = top_k_home  # a whole core: its ddtree_utils.py builds too
     else:  # a split core's builder imports the tree module by its sglang name, only while it loads
+        before = sys.modules.get(TREE_MODULE)
         sys.modules[TREE_MODULE] = top_k_home
         try:
             module = load_version_file(spec, BUILDER)
         finally:
-            del sys.modules[TREE_MODULE]
+            if before is None:
+                del sys.modules[TREE_MODULE]
+            else:
+                sys.modules[TREE_MODULE] = before
     module._ddtree_triton_builder = lambda device: None
     return module.build_ddtree_batch
 

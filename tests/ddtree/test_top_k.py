@@ -2,7 +2,8 @@
 ``_ddtree_top_k`` log-probs and tokens bit for bit on every logit family of the tree tests, ties, masked
 (-inf) vocabularies and fully masked rows included; on CUDA it takes the Triton 32-bit select (whose
 interpreted kernels tests/ddtree/test_tree_build_triton.py holds to the key); and bench/top_k.py fails
-when the top-K it times differs from the reference."""
+when the top-K it times differs from the reference, or (rc.20 on) the device's log-probs from the CPU's
+by more than a rounding."""
 
 from __future__ import annotations
 
@@ -83,3 +84,25 @@ def test_the_bench_fails_when_the_top_k_it_times_differs(monkeypatch: pytest.Mon
     monkeypatch.setattr(core, "_ddtree_top_k", bench.float_top_k)
     monkeypatch.setattr(bench, "load_newest_pair", lambda: (core, kernel))
     assert bench.main(run) == 1  # the float32 floor takes a planted tie in another order
+
+
+def test_the_bench_fails_when_the_log_probs_are_more_than_a_rounding_off(monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The device's log-probs (the first of each pair of calls) two units in the last place off the CPU's."""
+    core, kernel = bench.load_newest_pair()
+    honest = core._ddtree_log_probs_and_images
+    calls: list[torch.Tensor] = []
+
+    def two_units_off_on_the_device(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs, images = honest(logits)
+        calls.append(logits)
+        if len(calls) % 2:
+            log_probs = (log_probs.view(torch.int32) + 2).view(torch.float32)
+        return log_probs, images
+
+    logits = torch.randn(2, 3, 50, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(core, "_ddtree_log_probs_and_images", two_units_off_on_the_device)
+    assert bench.log_probs_gap(core, logits) == (2, logits.numel())
+    monkeypatch.setattr(bench, "load_newest_pair", lambda: (core, kernel))
+    assert bench.main(["--device", "cpu", "--no-timing", "--budgets", "16", "--batch", "1", "--vocab", "512"]) == 1
+    assert "WRONG" in capsys.readouterr().out

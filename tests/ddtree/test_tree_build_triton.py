@@ -130,9 +130,12 @@ def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tupl
 
 
 def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
-    """Rows longer than the repair's 4,096-entry chunks, tie-heavy, one fully masked (NaN) row."""
+    """Rows longer than the kernels' 4,096-entry chunks, tie-heavy; a fully masked (NaN) row, a row whose
+    first chunk is all masked, and a row with a +inf logit (NaN log-probs)."""
     masked = make_logits("bf16", (2, 3, 9000), 3).float()
     masked[1, 2] = float("-inf")
+    masked[0, 1, :4096] = float("-inf")
+    masked[1, 0, 17] = float("inf")
     return {"bf16-k7": (make_logits("bf16", (2, 3, 9000), 1), 7), "integer-k60": (make_logits("integer", (1, 4, 8200), 2), 60),
             "masked-k33": (masked, 33)}
 
