@@ -40,9 +40,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+from unittest import mock
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from ddtree_deploy.overlay import Overlay
 
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
@@ -76,12 +81,17 @@ def overlay_files() -> Path:
     return Path(folder.name)
 
 
+@functools.cache  # resolving a version applies every edit of its chain
+def version_overlay(spec: str) -> Overlay:
+    from ddtree_deploy.catalog import load_overlay
+
+    return load_overlay(spec, OVERLAYS.parent)
+
+
 def load_version_file(spec: str, path: str) -> ModuleType:
     """``path`` (inside the sglang package) as version ``spec`` lands it, resolved through its parents and
     edits, written to a file first (Triton reads a kernel's source from its file)."""
-    from ddtree_deploy.catalog import load_overlay
-
-    overlay = load_overlay(spec, OVERLAYS.parent)
+    overlay = version_overlay(spec)
     tag = re.sub(r"\W", "_", overlay.version)
     target = overlay_files() / f"{Path(path).stem}_{tag}.py"
     target.write_bytes(overlay.content_of(path, None))
@@ -92,9 +102,7 @@ def load_version_pair(spec: str) -> tuple[ModuleType, ModuleType]:
     """The module holding version ``spec``'s ``_ddtree_top_k`` (a split core's tree module, else its
     ddtree_utils) and its Triton kernels, the top-K's CUDA path (and from rc.20 the log-probs') pointed
     at those kernels (the bench's sglang is the pristine release, where the core's own import finds none)."""
-    from ddtree_deploy.catalog import load_overlay
-
-    files = load_overlay(spec, OVERLAYS.parent).manifest.files
+    files = version_overlay(spec).manifest.files
     core = load_version_file(spec, next(path for path in TOP_K_HOMES if path in files))
     kernel = load_version_file(spec, KERNEL)
     core._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton if device.type == "cuda" else None
@@ -110,20 +118,11 @@ def load_newest_pair() -> tuple[ModuleType, ModuleType]:
 def load_torch_builder(spec: str, top_k_home: ModuleType) -> Callable[[torch.Tensor, int], object]:
     """Version ``spec``'s own ``build_ddtree_batch`` with its Triton tree build turned off: the torch batch
     builder on the version's log-probs and top-K (``top_k_home``'s), which the Triton build must equal."""
-    from ddtree_deploy.catalog import load_overlay
-
-    if BUILDER not in load_overlay(spec, OVERLAYS.parent).manifest.files:
+    if BUILDER not in version_overlay(spec).manifest.files:
         module = top_k_home  # a whole core: its ddtree_utils.py builds too
     else:  # a split core's builder imports the tree module by its sglang name, only while it loads
-        before = sys.modules.get(TREE_MODULE)
-        sys.modules[TREE_MODULE] = top_k_home
-        try:
+        with mock.patch.dict(sys.modules, {TREE_MODULE: top_k_home}):
             module = load_version_file(spec, BUILDER)
-        finally:
-            if before is None:
-                del sys.modules[TREE_MODULE]
-            else:
-                sys.modules[TREE_MODULE] = before
     module._ddtree_triton_builder = lambda device: None
     return module.build_ddtree_batch
 
