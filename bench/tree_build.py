@@ -52,8 +52,9 @@ if TYPE_CHECKING:
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 PREVIOUS = "ddtree@0.3.0-rc.16"  # one pop per reduction (rc.17 and rc.18 run its kernel and top-K)
-NEWEST = "ddtree@0.3.0-rc.20"  # two pops per reduction, a radix-select top-K, fused log-probs
+NEWEST = "ddtree@0.3.0-rc.21"  # two pops per reduction, a radix-select top-K, the tokens after the pops
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
+TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 # Where a version defines _ddtree_top_k: a split core's tree module (rc.18 on), else its ddtree_utils.py.
 TOP_K_HOMES = ("sglang/srt/speculative/ddtree_tree.py", "sglang/srt/speculative/ddtree_utils.py")
 BUILDER = "sglang/srt/speculative/ddtree_builder.py"  # a split core's batch builder
@@ -100,14 +101,16 @@ def load_version_file(spec: str, path: str) -> ModuleType:
 
 def load_version_pair(spec: str) -> tuple[ModuleType, ModuleType]:
     """The module holding version ``spec``'s ``_ddtree_top_k`` (a split core's tree module, else its
-    ddtree_utils) and its Triton kernels, the top-K's CUDA path (and from rc.20 the log-probs') pointed
-    at those kernels (the bench's sglang is the pristine release, where the core's own import finds none)."""
+    ddtree_utils) and its Triton tree build, the top-K's CUDA path (and from rc.20 the log-probs') pointed
+    at its kernels, from rc.21 in a module of their own (the bench's sglang is the pristine release, where the
+    core's own import finds none)."""
     files = version_overlay(spec).manifest.files
     core = load_version_file(spec, next(path for path in TOP_K_HOMES if path in files))
     kernel = load_version_file(spec, KERNEL)
-    core._ddtree_triton_top_k = lambda device: kernel.ddtree_top_k_triton if device.type == "cuda" else None
-    if hasattr(kernel, "ddtree_log_probs_triton"):
-        core._ddtree_triton_log_probs = lambda device: kernel.ddtree_log_probs_triton if device.type == "cuda" else None
+    top_k = load_version_file(spec, TOP_K_KERNEL) if TOP_K_KERNEL in files else kernel
+    core._ddtree_triton_top_k = lambda device: top_k.ddtree_top_k_triton if device.type == "cuda" else None
+    if hasattr(top_k, "ddtree_log_probs_triton"):
+        core._ddtree_triton_log_probs = lambda device: top_k.ddtree_log_probs_triton if device.type == "cuda" else None
     return core, kernel
 
 

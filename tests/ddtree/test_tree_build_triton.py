@@ -2,8 +2,9 @@
 builder and the reference heap, on the CPU through Triton's interpreter (numpy, float64 as on the GPU);
 and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K), rc.18's
 (rc.16's code with the core split in three modules: the dispatch is looked up in the tree's and builder's),
-rc.19's (two pops per reduction of the frontier, and a radix-select top-K), and rc.20's (the log-probs
-by Triton kernels: a float64 logsumexp over chunks of each row).
+rc.19's (two pops per reduction of the frontier, and a radix-select top-K), rc.20's (the log-probs
+by Triton kernels: a float64 logsumexp over chunks of each row) and rc.21's (the tokens gathered after the
+pop loop; the log-probs and top-K kernels in a module of their own).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
@@ -27,8 +28,10 @@ from typing import Any
 import pytest
 import torch
 
-SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20"]
+SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20",
+         "ddtree@0.3.0-rc.21"]
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
+TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 # rc.18 on: the core in three modules, loaded in this order (utils re-exports the builders)
 CORE = ["sglang/srt/speculative/ddtree_tree.py", "sglang/srt/speculative/ddtree_builder.py", UTILS]
@@ -119,7 +122,7 @@ def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tupl
 
     work = tmp_path_factory.mktemp("triton")
     overlay = load_overlay(spec, OVERLAYS)
-    for path in (KERNEL, *CORE):  # the interpreter reads a kernel's source from its file
+    for path in (KERNEL, TOP_K_KERNEL, *CORE):  # the interpreter reads a kernel's source from its file
         if path in overlay.manifest.files:
             (work / Path(path).name).write_bytes(overlay.content_of(path, None))
     torch.save({**cases, "top_k": top_k_cases(make_logits)}, work / "cases.pt")
@@ -320,6 +323,8 @@ def _build_with_kernels(work: Path) -> None:
     torch.set_num_threads(1)
     core = {path.stem: _load(path) for path in (work / Path(p).name for p in CORE) if path.exists()}
     utils, kernel = core["ddtree_utils"], _load(work / Path(KERNEL).name)
+    top_k_path = work / Path(TOP_K_KERNEL).name
+    top_k_kernel = _load(top_k_path) if top_k_path.exists() else kernel
     # Where the CUDA dispatch is looked up: ddtree_utils.py's own, or a split core's tree and builder.
     top_k_home, builder_home = core.get("ddtree_tree", utils), core.get("ddtree_builder", utils)
     calls = {"top_k": 0, "build": 0, "log_probs": 0}  # so the parent knows the kernels, not the torch code, answered
@@ -332,12 +337,12 @@ def _build_with_kernels(work: Path) -> None:
 
     trees: dict[str, object] = {"refusals": _refusals(kernel), "calls": calls}
     cases = torch.load(work / "cases.pt")
-    if hasattr(kernel, "ddtree_log_probs_triton"):  # rc.20 on
-        top_k_home._ddtree_triton_log_probs = lambda device: counted("log_probs", kernel.ddtree_log_probs_triton)
+    if hasattr(top_k_kernel, "ddtree_log_probs_triton"):  # rc.20 on
+        top_k_home._ddtree_triton_log_probs = lambda device: counted("log_probs", top_k_kernel.ddtree_log_probs_triton)
         for name, (logits, _) in cases["top_k"].items():
             trees[f"log_probs/{name}"] = top_k_home._ddtree_log_probs_and_images(logits)
-    if hasattr(kernel, "ddtree_top_k_triton"):
-        top_k_home._ddtree_triton_top_k = lambda device: counted("top_k", kernel.ddtree_top_k_triton)
+    if hasattr(top_k_kernel, "ddtree_top_k_triton"):
+        top_k_home._ddtree_triton_top_k = lambda device: counted("top_k", top_k_kernel.ddtree_top_k_triton)
         torch.Tensor.topk = _adversarial_select(torch.Tensor.topk)  # this child process only
         for name, (logits, k) in cases["top_k"].items():
             trees[f"top_k/{name}"] = top_k_home._ddtree_top_k(logits, k)
