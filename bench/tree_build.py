@@ -1,10 +1,11 @@
 """Benchmark: DDTree batch tree builder (overlay ddtree_utils.build_ddtree_batch) against a plain
 best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 and 8; on CUDA also
-the fused Triton builder (``ddtree_build.py``: the top-K, then one program per request runs the pop
-loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: the previous
+the fused Triton builder (the top-K, then ``ddtree_build.py``'s one program per request running the
+pop loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: the previous
 (``PREVIOUS``, rc.16: torch's log-softmax, its Triton 32-bit top-K with its ties repaired, one pop per
-reduction of the frontier) and the newest (``NEWEST``, rc.20: Triton log-probs, a radix-select top-K,
-two pops per reduction) side by side, and the newest kernel at each ``--warps`` count.
+reduction of the frontier) and the newest (``NEWEST``, rc.21: Triton log-probs and a radix-select top-K
+in ``ddtree_top_k.py``, two pops per reduction, the tokens gathered after the loop) side by side, and
+the newest kernel at each ``--warps`` count.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
 log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the

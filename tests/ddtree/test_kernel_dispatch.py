@@ -1,0 +1,84 @@
+"""Overlay ddtree 0.3.0-rc.21's Triton dispatch: each op is looked up in the kernel module that defines it
+(rc.21 moved the log-probs and top-K kernels from ``ddtree_build.py`` to ``ddtree_top_k.py``).
+
+``_ddtree_triton_op`` gives None (the torch code) on an ImportError, which is right where Triton is missing,
+but would also hide a wrong module name on a GPU: the build would run, slower, with nothing said. The
+interpreter tests and the benches point the dispatch at their kernels themselves, so only this test runs
+the lookup. It imports the dispatch against a stand-in ``sglang`` package (the real one needs CUDA's
+Triton): each kernel module of the version, with a marker under every name its real file defines at its
+top level.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from unittest import mock
+
+import pytest
+import torch
+
+from ddtree_deploy.catalog import load_overlay
+from tests.ddtree.conftest import OVERLAYS
+
+RC21 = "ddtree@0.3.0-rc.21"
+KERNELS = "sglang/kernels/ops/speculative"
+UTILS = "sglang/srt/speculative/ddtree_utils.py"
+
+
+def kernel_source(spec: str, module: str) -> ast.Module:
+    return ast.parse(load_overlay(spec, OVERLAYS).content_of(f"{KERNELS}/{module}.py", None).decode())
+
+
+def defined_names(spec: str, module: str) -> list[str]:
+    """The functions a version's kernel module defines at its top level."""
+    return sorted(node.name for node in kernel_source(spec, module).body if isinstance(node, ast.FunctionDef))
+
+
+@pytest.fixture
+def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """rc.21's two kernel modules as a stand-in package: ``<module>.<name>`` strings under the real names."""
+    package = tmp_path / KERNELS
+    package.mkdir(parents=True)
+    for folder in (*reversed(package.relative_to(tmp_path).parents[:-1]), package.relative_to(tmp_path)):
+        (tmp_path / folder / "__init__.py").write_text("")
+    for module in ("ddtree_build", "ddtree_top_k"):
+        markers = "".join(f"{name} = {module + '.' + name!r}\n" for name in defined_names(RC21, module))
+        (package / f"{module}.py").write_text(markers)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with mock.patch.dict(sys.modules):  # the stand-in leaves with the test, and any real sglang comes back
+        for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
+            del sys.modules[name]
+        yield
+
+
+@pytest.fixture
+def rc21(decode_tool: ModuleType) -> Iterator[ModuleType]:
+    core = decode_tool.load_overlay_module(RC21, UTILS)
+    lookup = core.build_ddtree_tree.__globals__["_ddtree_triton_op"]
+    lookup.cache_clear()  # its answers are cached: none from before the stand-in, none after it
+    yield core
+    lookup.cache_clear()
+
+
+def test_each_op_is_looked_up_where_its_kernel_lives(stand_in_kernels: None, rc21: ModuleType) -> None:
+    tree, builder = rc21.build_ddtree_tree.__globals__, rc21.build_ddtree_batch.__globals__
+    cuda = torch.device("cuda")
+    assert tree["_ddtree_triton_top_k"](cuda) == "ddtree_top_k.ddtree_top_k_triton"
+    assert tree["_ddtree_triton_log_probs"](cuda) == "ddtree_top_k.ddtree_log_probs_triton"
+    assert builder["_ddtree_triton_builder"](cuda) == "ddtree_build.build_ddtree_trees_triton"
+
+
+def test_without_the_kernels_the_dispatch_gives_the_torch_code(rc21: ModuleType) -> None:
+    """The CPU tests' own case: no sglang to import, so None, not an error."""
+    assert rc21.build_ddtree_tree.__globals__["_ddtree_triton_top_k"](torch.device("cuda")) is None
+
+
+def test_the_core_knows_the_kernels_widest_k(rc21: ModuleType) -> None:
+    """The core's bound on the Triton top-K's k is the kernel module's (read from its source)."""
+    bound = next(node for node in kernel_source(RC21, "ddtree_top_k").body if isinstance(node, ast.Assign)
+                 and ast.unparse(node.targets[0]) == "DDTREE_TOP_K_MAX_K")
+    assert ast.literal_eval(bound.value) == rc21.build_ddtree_tree.__globals__["_DDTREE_TRITON_TOP_K_MAX_K"]
