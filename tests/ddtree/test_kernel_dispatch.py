@@ -1,5 +1,6 @@
 """Overlay ddtree 0.3.0-rc.21's Triton dispatch: each op is looked up in the kernel module that defines it
-(rc.21 moved the log-probs and top-K kernels from ``ddtree_build.py`` to ``ddtree_top_k.py``).
+(rc.21 moved the log-probs and top-K kernels from ``ddtree_build.py`` to ``ddtree_top_k.py``), and the core's
+bound on the Triton top-K's k is that module's (rc.16's and rc.21's).
 
 ``_ddtree_triton_op`` gives None (the torch code) on an ImportError, which is right where Triton is missing,
 but would also hide a wrong module name on a GPU: the build would run, slower, with nothing said. The
@@ -12,6 +13,7 @@ top level.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +26,13 @@ import torch
 from ddtree_deploy.catalog import load_overlay
 from tests.ddtree.conftest import OVERLAYS
 
+RC16 = "ddtree@0.3.0-rc.16"
 RC21 = "ddtree@0.3.0-rc.21"
 KERNELS = "sglang/kernels/ops/speculative"
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 
 
+@functools.cache  # resolving a version applies every edit of its chain
 def kernel_source(spec: str, module: str) -> ast.Module:
     return ast.parse(load_overlay(spec, OVERLAYS).content_of(f"{KERNELS}/{module}.py", None).decode())
 
@@ -43,8 +47,8 @@ def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     """rc.21's two kernel modules as a stand-in package: ``<module>.<name>`` strings under the real names."""
     package = tmp_path / KERNELS
     package.mkdir(parents=True)
-    for folder in (*reversed(package.relative_to(tmp_path).parents[:-1]), package.relative_to(tmp_path)):
-        (tmp_path / folder / "__init__.py").write_text("")
+    for folder in (package, *package.parents[: len(Path(KERNELS).parts) - 1]):
+        (folder / "__init__.py").write_text("")
     for module in ("ddtree_build", "ddtree_top_k"):
         markers = "".join(f"{name} = {module + '.' + name!r}\n" for name in defined_names(RC21, module))
         (package / f"{module}.py").write_text(markers)
@@ -77,8 +81,10 @@ def test_without_the_kernels_the_dispatch_gives_the_torch_code(rc21: ModuleType)
     assert rc21.build_ddtree_tree.__globals__["_ddtree_triton_top_k"](torch.device("cuda")) is None
 
 
-def test_the_core_knows_the_kernels_widest_k(rc21: ModuleType) -> None:
-    """The core's bound on the Triton top-K's k is the kernel module's (read from its source)."""
-    bound = next(node for node in kernel_source(RC21, "ddtree_top_k").body if isinstance(node, ast.Assign)
+@pytest.mark.parametrize(("spec", "module"), [(RC16, "ddtree_build"), (RC21, "ddtree_top_k")])
+def test_the_core_knows_the_kernels_widest_k(decode_tool: ModuleType, spec: str, module: str) -> None:
+    """The core's bound is the kernel module's (read from its source: the core imports it lazily)."""
+    core = decode_tool.load_overlay_module(spec, UTILS)
+    bound = next(node for node in kernel_source(spec, module).body if isinstance(node, ast.Assign)
                  and ast.unparse(node.targets[0]) == "DDTREE_TOP_K_MAX_K")
-    assert ast.literal_eval(bound.value) == rc21.build_ddtree_tree.__globals__["_DDTREE_TRITON_TOP_K_MAX_K"]
+    assert ast.literal_eval(bound.value) == core.build_ddtree_tree.__globals__["_DDTREE_TRITON_TOP_K_MAX_K"]
