@@ -1,6 +1,6 @@
 """Overlay ddtree 0.3.0-rc.21's Triton dispatch: each op is looked up in the kernel module that defines it
 (rc.21 moved the log-probs and top-K kernels from ``ddtree_build.py`` to ``ddtree_top_k.py``), and the core's
-bound on the Triton top-K's k is that module's (rc.16's and rc.21's).
+bound on the Triton top-K's k is that module's (rc.16's, rc.21's and rc.22's).
 
 ``_ddtree_triton_op`` gives None (the torch code) on an ImportError, which is right where Triton is missing,
 but would also hide a wrong module name on a GPU: the build would run, slower, with nothing said. The
@@ -28,6 +28,7 @@ from tests.ddtree.conftest import OVERLAYS
 
 RC16 = "ddtree@0.3.0-rc.16"
 RC21 = "ddtree@0.3.0-rc.21"
+RC22 = "ddtree@0.3.0-rc.22"  # the top-K from the logits
 KERNELS = "sglang/kernels/ops/speculative"
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 
@@ -81,7 +82,7 @@ def test_without_the_kernels_the_dispatch_gives_the_torch_code(rc21: ModuleType)
     assert rc21.build_ddtree_tree.__globals__["_ddtree_triton_top_k"](torch.device("cuda")) is None
 
 
-@pytest.mark.parametrize(("spec", "module"), [(RC16, "ddtree_build"), (RC21, "ddtree_top_k")])
+@pytest.mark.parametrize(("spec", "module"), [(RC16, "ddtree_build"), (RC21, "ddtree_top_k"), (RC22, "ddtree_top_k")])
 def test_the_core_knows_the_kernels_widest_k(decode_tool: ModuleType, spec: str, module: str) -> None:
     """The core's bound is the kernel module's (read from its source: the core imports it lazily)."""
     core = decode_tool.load_overlay_module(spec, UTILS)

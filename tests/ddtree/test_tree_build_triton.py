@@ -3,8 +3,9 @@ builder and the reference heap, on the CPU through Triton's interpreter (numpy, 
 and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 32-bit top-K), rc.18's
 (rc.16's code with the core split in three modules: the dispatch is looked up in the tree's and builder's),
 rc.19's (two pops per reduction of the frontier, and a radix-select top-K), rc.20's (the log-probs
-by Triton kernels: a float64 logsumexp over chunks of each row) and rc.21's (the tokens gathered after the
-pop loop; the log-probs and top-K kernels in a module of their own).
+by Triton kernels: a float64 logsumexp over chunks of each row), rc.21's (the tokens gathered after the
+pop loop; the log-probs and top-K kernels in a module of their own) and rc.22's (the top-K from the logits,
+in seven launches).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 import subprocess
 import sys
@@ -29,7 +31,7 @@ import pytest
 import torch
 
 SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20",
-         "ddtree@0.3.0-rc.21"]
+         "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22"]
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -246,7 +248,9 @@ def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, m
     has_top_k = "_ddtree_key64_tokens" in core.build_ddtree_tree.__globals__  # rc.16 on
     assert calls["top_k"] >= (len(top_k_cases(make_logits)) + calls["build"] if has_top_k else 0)
     has_log_probs = "_ddtree_triton_log_probs" in core.build_ddtree_tree.__globals__  # rc.20 on
-    assert calls["log_probs"] == (len(top_k_cases(make_logits)) + calls["top_k"] if has_log_probs else 0)
+    # rc.20 and rc.21's top-K takes the log-probs' kernels' images; rc.22's makes its own from the logits
+    through_log_probs = 0 if from_kernels["top_k_reads_logits"] else calls["top_k"]
+    assert calls["log_probs"] == (len(top_k_cases(make_logits)) + through_log_probs if has_log_probs else 0)
 
 
 def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
@@ -335,7 +339,8 @@ def _build_with_kernels(work: Path) -> None:
             return kernel_op(*args, **kwargs)
         return call
 
-    trees: dict[str, object] = {"refusals": _refusals(kernel), "calls": calls}
+    reads_logits = "draft_logits" in inspect.signature(getattr(top_k_kernel, "ddtree_top_k_triton", len)).parameters
+    trees: dict[str, object] = {"refusals": _refusals(kernel), "calls": calls, "top_k_reads_logits": reads_logits}
     cases = torch.load(work / "cases.pt")
     if hasattr(top_k_kernel, "ddtree_log_probs_triton"):  # rc.20 on
         top_k_home._ddtree_triton_log_probs = lambda device: counted("log_probs", top_k_kernel.ddtree_log_probs_triton)
