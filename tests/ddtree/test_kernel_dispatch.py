@@ -1,9 +1,10 @@
-"""Overlay ddtree 0.3.0-rc.21's Triton dispatch: each op is looked up in the kernel module that defines it
-(rc.21 moved the log-probs and top-K kernels from ``ddtree_build.py`` to ``ddtree_top_k.py``), and the core's
-bound on the Triton top-K's k is that module's (rc.16's, rc.21's and rc.22's).
+"""Overlay ddtree 0.3.0-rc.21's and rc.22's Triton dispatch: each op is looked up in the kernel module that
+defines it (rc.21 moved the log-probs and top-K kernels from ``ddtree_build.py`` to ``ddtree_top_k.py``), and
+the core's bound on the Triton top-K's k is that module's (rc.16's, rc.21's and rc.22's).
 
 ``_ddtree_triton_op`` gives None (the torch code) on an ImportError, which is right where Triton is missing,
-but would also hide a wrong module name on a GPU: the build would run, slower, with nothing said. The
+but would also hide a wrong module name on a GPU: the build would run, slower, with nothing said. From
+rc.22 the kernel module itself missing raises. The
 interpreter tests and the benches point the dispatch at their kernels themselves, so only this test runs
 the lookup. It imports the dispatch against a stand-in ``sglang`` package (the real one needs CUDA's
 Triton): each kernel module of the version, with a marker under every name its real file defines at its
@@ -15,7 +16,7 @@ from __future__ import annotations
 import ast
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from unittest import mock
@@ -44,8 +45,9 @@ def defined_names(spec: str, module: str) -> list[str]:
 
 
 @pytest.fixture
-def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """rc.21's two kernel modules as a stand-in package: ``<module>.<name>`` strings under the real names."""
+def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """rc.21's two kernel modules as a stand-in package (its folder): ``<module>.<name>`` strings under the
+    real names."""
     package = tmp_path / KERNELS
     package.mkdir(parents=True)
     for folder in (package, *package.parents[: len(Path(KERNELS).parts) - 1]):
@@ -57,29 +59,56 @@ def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     with mock.patch.dict(sys.modules):  # the stand-in leaves with the test, and any real sglang comes back
         for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
             del sys.modules[name]
-        yield
+        yield package
 
 
 @pytest.fixture
-def rc21(decode_tool: ModuleType) -> Iterator[ModuleType]:
-    core = decode_tool.load_overlay_module(RC21, UTILS)
-    lookup = core.build_ddtree_tree.__globals__["_ddtree_triton_op"]
-    lookup.cache_clear()  # its answers are cached: none from before the stand-in, none after it
-    yield core
-    lookup.cache_clear()
+def load_core(decode_tool: ModuleType) -> Iterator[Callable[[str], ModuleType]]:
+    """Loads a version's core, its lookup's cache cleared: no answer from before the stand-in, none after it."""
+    lookups = []
+
+    def load(spec: str) -> ModuleType:
+        core = decode_tool.load_overlay_module(spec, UTILS)
+        lookups.append(core.build_ddtree_tree.__globals__["_ddtree_triton_op"])
+        lookups[-1].cache_clear()
+        return core
+
+    yield load
+    for lookup in lookups:
+        lookup.cache_clear()
 
 
-def test_each_op_is_looked_up_where_its_kernel_lives(stand_in_kernels: None, rc21: ModuleType) -> None:
-    tree, builder = rc21.build_ddtree_tree.__globals__, rc21.build_ddtree_batch.__globals__
+@pytest.mark.parametrize("spec", [RC21, RC22])
+def test_each_op_is_looked_up_where_its_kernel_lives(stand_in_kernels: Path, load_core: Callable[[str], ModuleType], spec: str) -> None:
+    core = load_core(spec)
+    tree, builder = core.build_ddtree_tree.__globals__, core.build_ddtree_batch.__globals__
     cuda = torch.device("cuda")
     assert tree["_ddtree_triton_top_k"](cuda) == "ddtree_top_k.ddtree_top_k_triton"
     assert tree["_ddtree_triton_log_probs"](cuda) == "ddtree_top_k.ddtree_log_probs_triton"
     assert builder["_ddtree_triton_builder"](cuda) == "ddtree_build.build_ddtree_trees_triton"
 
 
-def test_without_the_kernels_the_dispatch_gives_the_torch_code(rc21: ModuleType) -> None:
+@pytest.mark.parametrize("spec", [RC21, RC22])
+def test_without_the_kernels_the_dispatch_gives_the_torch_code(load_core: Callable[[str], ModuleType], spec: str) -> None:
     """The CPU tests' own case: no sglang to import, so None, not an error."""
-    assert rc21.build_ddtree_tree.__globals__["_ddtree_triton_top_k"](torch.device("cuda")) is None
+    assert load_core(spec).build_ddtree_tree.__globals__["_ddtree_triton_top_k"](torch.device("cuda")) is None
+
+
+@pytest.mark.parametrize(("spec", "raises"), [(RC21, False), (RC22, True)])
+def test_a_kernel_module_missing_from_sglang_raises_from_rc22(stand_in_kernels: Path, load_core: Callable[[str], ModuleType],
+                                                             spec: str, raises: bool) -> None:
+    """An sglang without the top-K's module (a broken overlay): rc.21 ran the torch code in its place,
+    rc.22 says so. The tree build's module, still there, is found either way."""
+    (stand_in_kernels / "ddtree_top_k.py").unlink()
+    core = load_core(spec)
+    tree, builder = core.build_ddtree_tree.__globals__, core.build_ddtree_batch.__globals__
+    cuda = torch.device("cuda")
+    if raises:
+        with pytest.raises(ModuleNotFoundError, match="ddtree_top_k"):
+            tree["_ddtree_triton_top_k"](cuda)
+    else:
+        assert tree["_ddtree_triton_top_k"](cuda) is None
+    assert builder["_ddtree_triton_builder"](cuda) == "ddtree_build.build_ddtree_trees_triton"
 
 
 @pytest.mark.parametrize(("spec", "module"), [(RC16, "ddtree_build"), (RC21, "ddtree_top_k"), (RC22, "ddtree_top_k")])
