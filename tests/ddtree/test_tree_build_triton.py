@@ -4,8 +4,8 @@ and rc.16's (the same pop loop, its launcher taking a warp count, after rc.16's 
 (rc.16's code with the core split in three modules: the dispatch is looked up in the tree's and builder's),
 rc.19's (two pops per reduction of the frontier, and a radix-select top-K), rc.20's (the log-probs
 by Triton kernels: a float64 logsumexp over chunks of each row), rc.21's (the tokens gathered after the
-pop loop; the log-probs and top-K kernels in a module of their own) and rc.22's (the top-K from the logits,
-in seven launches).
+pop loop; the log-probs and top-K kernels in a module of their own), rc.22's (the top-K from the logits,
+in seven launches) and rc.23's (the frontier in int32 words: a key of position over slot, a payload).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
@@ -31,7 +31,10 @@ import pytest
 import torch
 
 SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20",
-         "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22"]
+         "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22",
+         "ddtree@0.3.0-rc.23"]
+# The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
+MAX_BUDGET = {"ddtree@0.3.0-rc.23": 1 << 15}
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -253,10 +256,11 @@ def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, m
     assert calls["log_probs"] == (len(top_k_cases(make_logits)) + through_log_probs if has_log_probs else 0)
 
 
-def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict) -> None:
+def test_launcher_refuses_what_its_key_cannot_hold(from_kernels: dict, spec: str) -> None:
+    bound = MAX_BUDGET.get(spec, 1 << 16)
     assert from_kernels["refusals"] == [
-        "budget must be in [1, 65536), got 0.",
-        "budget must be in [1, 65536), got 65536.",
+        f"budget must be in [1, {bound}), got 0.",
+        f"budget must be in [1, {bound}), got {bound}.",
         "log_probs must be [bs, 1..255, 1..budget], got (1, 2, 5).",
         "top_tokens must have shape (1, 2, 3), got (1, 2, 4).",
     ]
@@ -289,9 +293,10 @@ def _load(path: Path) -> ModuleType:
 
 
 def _refusals(kernel: ModuleType) -> list[str]:
+    bound = getattr(kernel, "_MAX_BUDGET", 1 << 16)  # the budget it must refuse first (the parent checks it)
     calls = [
         (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3, dtype=torch.int64), 0),
-        (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3, dtype=torch.int64), 1 << 16),
+        (torch.zeros(1, 2, 3), torch.zeros(1, 2, 3, dtype=torch.int64), bound),
         (torch.zeros(1, 2, 5), torch.zeros(1, 2, 5, dtype=torch.int64), 4),
         (torch.zeros(1, 2, 3), torch.zeros(1, 2, 4, dtype=torch.int64), 4),
     ]
