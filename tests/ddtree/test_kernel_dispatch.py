@@ -4,9 +4,8 @@ the core's bound on the Triton top-K's k is that module's (rc.16's, rc.21's and 
 
 ``_ddtree_triton_op`` gives None (the torch code) on an ImportError, which is right where Triton is missing,
 but would also hide a wrong module name on a GPU: the build would run, slower, with nothing said. From
-rc.22 the kernel module itself missing raises. The
-interpreter tests and the benches point the dispatch at their kernels themselves, so only this test runs
-the lookup. It imports the dispatch against a stand-in ``sglang`` package (the real one needs CUDA's
+rc.22 the kernel module itself missing raises. The interpreter tests and the benches point the dispatch at
+their kernels themselves, so only this test runs the lookup. It imports the dispatch against a stand-in ``sglang`` package (the real one needs CUDA's
 Triton): each kernel module of the version, with a marker under every name its real file defines at its
 top level.
 """
@@ -19,6 +18,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -45,15 +45,15 @@ def defined_names(spec: str, module: str) -> list[str]:
 
 
 @pytest.fixture
-def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """rc.21's two kernel modules as a stand-in package (its folder): ``<module>.<name>`` strings under the
-    real names."""
+def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str) -> Iterator[Path]:
+    """The test's version's two kernel modules as a stand-in package (its folder): ``<module>.<name>`` strings
+    under the names the version's real files define."""
     package = tmp_path / KERNELS
     package.mkdir(parents=True)
     for folder in (package, *package.parents[: len(Path(KERNELS).parts) - 1]):
         (folder / "__init__.py").write_text("")
     for module in ("ddtree_build", "ddtree_top_k"):
-        markers = "".join(f"{name} = {module + '.' + name!r}\n" for name in defined_names(RC21, module))
+        markers = "".join(f"{name} = {module + '.' + name!r}\n" for name in defined_names(spec, module))
         (package / f"{module}.py").write_text(markers)
     monkeypatch.syspath_prepend(str(tmp_path))
     with mock.patch.dict(sys.modules):  # the stand-in leaves with the test, and any real sglang comes back
@@ -65,10 +65,10 @@ def stand_in_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 @pytest.fixture
 def load_core(decode_tool: ModuleType) -> Iterator[Callable[[str], ModuleType]]:
     """Loads a version's core, its lookup's cache cleared: no answer from before the stand-in, none after it."""
-    lookups = []
+    lookups: list[Any] = []
 
     def load(spec: str) -> ModuleType:
-        core = decode_tool.load_overlay_module(spec, UTILS)
+        core: ModuleType = decode_tool.load_overlay_module(spec, UTILS)
         lookups.append(core.build_ddtree_tree.__globals__["_ddtree_triton_op"])
         lookups[-1].cache_clear()
         return core

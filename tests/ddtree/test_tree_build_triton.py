@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import os
 import subprocess
 import sys
@@ -31,10 +30,11 @@ import pytest
 import torch
 
 SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20",
-         "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22",
-         "ddtree@0.3.0-rc.23"]
+         "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22", "ddtree@0.3.0-rc.23"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {"ddtree@0.3.0-rc.23": 1 << 15}
+# The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
+TOP_K_FROM_LOGITS = {"ddtree@0.3.0-rc.22", "ddtree@0.3.0-rc.23"}
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -51,6 +51,7 @@ CASES = [(family, 2, 7, 60, [1, 5, 16, 64, 150]) for family in FAMILIES] + [
     ("integer", 2, 5, 6, [16, 32]),  # small trees full of exact ties between different parents' children
     ("integer", 2, 4, 3, [2, 120, 200]),  # K = V = 3 < budget; 200 > the whole 3-ary tree (120 nodes)
     ("flat", 2, 1, 50, [10, 50, 80]),  # L = 1
+    ("integer", 1, 255, 3, [300]),  # depth 255, the widest the key (rc.23: the payload) holds
 ]
 MINUS_INF_BUDGETS = [1, 3, 40]
 # Trials of test_tree_build's engineered_rounding_logits whose heap scores at budget 400 hang on float64
@@ -139,13 +140,20 @@ def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tupl
 
 def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
     """Rows longer than the kernels' 4,096-entry chunks, tie-heavy; a fully masked (NaN) row, a row whose
-    first chunk is all masked, and a row with a +inf logit (NaN log-probs)."""
+    first chunk is all masked, and a row with a +inf logit (NaN log-probs); and rows of near-ties: 600
+    float32 logits within 700 units in the last place, over three chunks, so the k-th image shares its
+    high 24 bits with entries of other low bytes in earlier chunks (rc.22's split counts those from
+    the last pass's suffix sums; bf16 logits never get there)."""
     masked = make_logits("bf16", (2, 3, 9000), 3).float()
     masked[1, 2] = float("-inf")
     masked[0, 1, :4096] = float("-inf")
     masked[1, 0, 17] = float("inf")
+    seeded = torch.Generator().manual_seed(0)
+    near_ties = torch.full((1, 2, 9000), -30.0)
+    ulps = torch.randint(0, 700, (1, 2, 600), generator=seeded)
+    near_ties.scatter_(-1, torch.randint(0, 9000, (1, 2, 600), generator=seeded), 1.0 + ulps * 2.0**-23)
     return {"bf16-k7": (make_logits("bf16", (2, 3, 9000), 1), 7), "integer-k60": (make_logits("integer", (1, 4, 8200), 2), 60),
-            "masked-k33": (masked, 33)}
+            "masked-k33": (masked, 33), "near-ties-k200": (near_ties, 200)}
 
 
 def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, from_kernels: dict,
@@ -243,7 +251,7 @@ def test_the_cases_hold_what_the_kernel_must_get_right(core: ModuleType, cases: 
         assert not core.build_ddtree_batch(logits[None], budget).scores_exact.all(), name
 
 
-def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, make_logits: MakeLogits) -> None:
+def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, make_logits: MakeLogits, spec: str) -> None:
     """The child's trees came from the interpreted kernels, not from the torch code beside them: the
     dispatch the version looks up (a split core's in its tree's and builder's modules) was reached."""
     calls = from_kernels["calls"]
@@ -252,7 +260,7 @@ def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, m
     assert calls["top_k"] >= (len(top_k_cases(make_logits)) + calls["build"] if has_top_k else 0)
     has_log_probs = "_ddtree_triton_log_probs" in core.build_ddtree_tree.__globals__  # rc.20 on
     # rc.20 and rc.21's top-K takes the log-probs' kernels' images; rc.22's makes its own from the logits
-    through_log_probs = 0 if from_kernels["top_k_reads_logits"] else calls["top_k"]
+    through_log_probs = 0 if spec in TOP_K_FROM_LOGITS else calls["top_k"]
     assert calls["log_probs"] == (len(top_k_cases(make_logits)) + through_log_probs if has_log_probs else 0)
 
 
@@ -344,8 +352,7 @@ def _build_with_kernels(work: Path) -> None:
             return kernel_op(*args, **kwargs)
         return call
 
-    reads_logits = "draft_logits" in inspect.signature(getattr(top_k_kernel, "ddtree_top_k_triton", len)).parameters
-    trees: dict[str, object] = {"refusals": _refusals(kernel), "calls": calls, "top_k_reads_logits": reads_logits}
+    trees: dict[str, object] = {"refusals": _refusals(kernel), "calls": calls}
     cases = torch.load(work / "cases.pt")
     if hasattr(top_k_kernel, "ddtree_log_probs_triton"):  # rc.20 on
         top_k_home._ddtree_triton_log_probs = lambda device: counted("log_probs", top_k_kernel.ddtree_log_probs_triton)
