@@ -5,9 +5,9 @@ the core's bound on the Triton top-K's k is that module's (rc.16's, rc.21's and 
 ``_ddtree_triton_op`` gives None (the torch code) on an ImportError, which is right where Triton is missing,
 but would also hide a wrong module name on a GPU: the build would run, slower, with nothing said. From
 rc.22 the kernel module itself missing raises. The interpreter tests and the benches point the dispatch at
-their kernels themselves, so only this test runs the lookup. It imports the dispatch against a stand-in ``sglang`` package (the real one needs CUDA's
-Triton): each kernel module of the version, with a marker under every name its real file defines at its
-top level.
+their kernels themselves, so only this test runs the lookup. It imports the dispatch against a stand-in
+``sglang`` package (the real one needs CUDA's Triton): each kernel module of the version, with a marker
+under every name its real file defines at its top level.
 """
 
 from __future__ import annotations
