@@ -8,8 +8,8 @@ pop loop; the log-probs and top-K kernels in a module of their own), rc.22's (th
 in seven launches), rc.23's (the frontier in int32 words: a key of position over slot, a payload),
 rc.24's (the log-prob table read into L1 before the pop loop), rc.25's (the radix select's cut picked
 once per pass by the row's last program, histograms skipped where no entry is in the running) and
-rc.26's (a barrier before a program takes its pass's counter; the interpreter runs one program at a
-time, so here it equals rc.25, and the race it closes can only show on a GPU).
+rc.26's (the radix pick's barrier the kernel's own, the cut passed to the pick; the interpreter runs
+one program at a time, so the ordering the barrier keeps can only show on a GPU).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
