@@ -45,6 +45,9 @@
 # default 600), and $OUT/w/done.CASE is touched after each case's client, done.all at the end.
 # GRAMMAR_CLIENT=1: the dense copy pair's cases (copy_plain, copy_dflash, copy_ddtree*) are driven by
 # hybrid_client.py too, so their regex-constrained requests are compared with plain's (HYBRID[...] lines).
+# Each server's NCCL port is pinned at its HTTP port + 1000 (below the ephemeral range): left to SGLang's
+# get_free_port, a port it probed free was taken by another starting server's connection (run 34 call 2,
+# EADDRINUSE at init_process_group).
 # Every server runs with --sleep-on-idle: an idle scheduler otherwise spins a core, and the idle
 # servers share cores 0-11 with the one being timed.
 set -u
@@ -149,7 +152,7 @@ for c in "${CASES[@]}"; do
   # shellcheck disable=SC2086
   base=${c%$(suffix_of "$c")}
   be=$(backend_of "$c")
-  env ${CENV[$c]:-} PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} ${EXTRA[$c]:-} > "$O/$c.log" 2>&1 &
+  env ${CENV[$c]:-} PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} --nccl-port $((PORT[$c] + 1000)) ${EXTRA[$c]:-} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
 if [ "${TREE_BENCH:-0}" = 1 ]; then
