@@ -33,7 +33,7 @@
 # $OUT/tprof_CASE.tar.gz. Run the DFLASH and DDTREE ones in the same call.
 # copy_ddtree16_prof / copy_ddtree64_prof run with SGLANG_DDTREE_PROFILE=1 (0.3.0-rc.4 and later): their
 # ddtree_profile lines (per-stage GPU and host ms of the round) are summarised by profile_summary.py.
-# Stress cases copy_stress_{plain,dflash,ddtree64,ddtree64_prev,dflash_check,ddtree64_check} run the copy pair with
+# Stress cases copy_stress_{plain,dflash,ddtree64,ddtree256,ddtree64_prev,dflash_check,ddtree64_check} run the copy pair with
 # --max-running-requests 4 (a finished request's row is the next one handed out) under
 # stress_client.py: staggered arrivals, max_new_tokens and stop strings/ids; list copy_stress_plain
 # first (its plan and outputs are the reference), the others must match it and bring the allocator's
@@ -123,6 +123,7 @@ CASE[copy_stress_dflash_check]="${CASE[copy_stress_dflash]}"
 for c in copy_stress_ddtree64 copy_stress_ddtree64_check copy_stress_ddtree64_prev; do
   CASE[$c]="$S $DD 64 --speculative-draft-model-path $M/dflash_copy"
 done
+CASE[copy_stress_ddtree256]="$S $DD 256 --speculative-draft-model-path $M/dflash_copy"  # rc.27+: a frontier in two phases
 MEMCHECK="SGLANG_CHECK_KV_PAGE_INVARIANTS=1 SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY=1"
 declare -A CENV=([copy_stress_dflash_check]="$MEMCHECK" [copy_stress_ddtree64_check]="$MEMCHECK")
 for c in copy_dflash copy_ddtree64 hyb_copy_dflash hyb_copy_ddtree16 hyb_copy_ddtree64; do  # torch profiler only
