@@ -1,4 +1,5 @@
-"""tools/gpu/speed_interleave.py: the order it times servers in, and the medians and ratios it reports.
+"""tools/gpu/speed_interleave.py: the order it times servers in, and the medians, ratios and intervals it
+reports.
 
 The servers are stand-ins (this test only): ``ddtree_client.post`` is replaced by a function that
 answers from a script of seconds per server and records which server each call went to; so no HTTP
@@ -57,6 +58,7 @@ def test_medians_of_per_repetition_ratios_cancel_a_slow_stretch(tmp_path: Path, 
     assert median["tree"]["repeating_b1_vs_dflash"] == pytest.approx(1.5)
     assert median["tree"]["alternating_b4_vs_dflash"] == pytest.approx(1.5)
     assert median["prev"]["repeating_b4_vs_dflash_range"] == pytest.approx([0.8, 0.8])
+    assert median["prev"]["repeating_b4_vs_dflash_interval"] == pytest.approx([0.8, 0.8])
     assert median["dflash"]["repeating_b1"] == pytest.approx(1000.0)  # median over 1x, 3x, 1x, 1x, 2x
     # The order rotates by one server each repetition (after the warm-up of each).
     timed = servers.calls[3:]
@@ -70,12 +72,25 @@ def test_ratios_between_two_cases_of_a_run(tmp_path: Path, monkeypatch: pytest.M
                        {"repeating_b1": 5.0, "repeating_b1_accept": 8.0}],
                "old": [{"repeating_b1": 2.0, "repeating_b1_accept": 8.0}, {"repeating_b1": 1.0, "repeating_b1_accept": 8.0},
                        {"repeating_b1": 2.0, "repeating_b1_accept": 8.0}]}
-    assert tool.ratios(timings, "new", "old") == {"repeating_b1": [1.5, 1.0, 2.5]}
+    mid, low, high, low95, high95 = tool.ratios(timings, "new", "old")["repeating_b1"]
+    assert (mid, low, high) == (1.5, 1.0, 2.5)
+    assert low <= low95 <= mid <= high95 <= high  # the median's interval lies within the repetitions
     speed = tmp_path / "speed.json"
     speed.write_text(json.dumps({"timings": timings}))
     monkeypatch.setattr(sys, "argv", ["speed_interleave.py", "ratios", str(speed), "new", "old"])
     tool.main()
-    assert "new / old repeating_b1: 1.50x [1.00, 2.50]" in capsys.readouterr().out
+    assert f"new / old repeating_b1: 1.50x [1.00, 2.50] 95% {low95:.2f}-{high95:.2f}" in capsys.readouterr().out
+
+
+def test_the_median_interval_resolves_what_the_range_does_not() -> None:
+    """Many repetitions at 1.0 with a spread on both sides: the range spans 0.6-1.6, the bootstrap
+    interval of the median stays at 1.0; a handful of spread repetitions leave it wide."""
+    tool = load_gpu_tool("speed_interleave")
+    many = [0.6] * 8 + [1.0] * 25 + [1.6] * 8
+    assert tool.median_interval(many) == (1.0, 1.0)
+    low95, high95 = tool.median_interval([0.6, 1.0, 1.6, 0.8, 1.3])
+    assert low95 < 1.0 < high95
+    assert tool.median_interval(many, seed=1) == tool.median_interval(many, seed=1)  # seeded: repeatable
 
 
 def test_context_lengths_stretch_each_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

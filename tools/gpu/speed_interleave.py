@@ -5,7 +5,10 @@ falls on all of them. Per server and prompt class (ddtree_client.py's alternatin
 prompts, 240 new tokens): tokens/s at batch 1 (the class's three prompts, one after another) and at
 batch 4 (one call), and the acceptance length. Then the median over the repetitions, and each
 server's median ratio to the baseline server (the first CASE=PORT given, e.g. DFLASH), computed
-per repetition before the median is taken.
+per repetition before the median is taken, with its min and max and a bootstrap 95% interval of that
+median (4,000 resamples, seeded): the min and max show how wide single repetitions spread, the
+interval whether the median is resolved (run 34: 41 repetitions gave 1.07x [0.69, 1.51], 95%
+1.01-1.10).
 SPEED_CONTEXTS=0,1000,1700 (default 0) also times each class after a longer context: its prompts
 repeated to that many tokens, keeping their pattern (keys such as repeating_c1000_b1). A tree's
 verify attends over the whole context for every node, so its lead may shrink as the context grows.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -54,20 +58,32 @@ def time_server(url: str, prompt_classes: dict[str, list[list[int]]]) -> dict[st
     return out
 
 
+def median_interval(values: list[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of ``values`` (percentiles of resampled medians)."""
+    draw = random.Random(seed)
+    medians = sorted(statistics.median(draw.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[resamples // 40], medians[resamples - resamples // 40 - 1]
+
+
 def ratios(timings: dict[str, list[dict[str, float]]], case: str, other: str) -> dict[str, list[float]]:
-    """Per tok/s key: the median, min and max over the repetitions of case / other."""
+    """Per tok/s key: the median, min and max over the repetitions of case / other, then the bounds of
+    the median's bootstrap 95% interval."""
     out = {}
     for k in (k for k in timings[other][0] if not k.endswith("_accept")):
         r = [t[k] / o[k] for t, o in zip(timings[case], timings[other], strict=True)]
-        out[k] = [statistics.median(r), min(r), max(r)]
+        out[k] = [statistics.median(r), min(r), max(r), *median_interval(r)]
     return out
+
+
+def ratio_text(mid: float, low: float, high: float, low95: float, high95: float) -> str:
+    return f"{mid:.2f}x [{low:.2f}, {high:.2f}] 95% {low95:.2f}-{high95:.2f}"
 
 
 def main() -> None:
     if sys.argv[1] == "ratios":
         case, other = sys.argv[3], sys.argv[4]
-        for k, (mid, low, high) in ratios(json.load(open(sys.argv[2]))["timings"], case, other).items():
-            print(f"  {case} / {other} {k}: {mid:.2f}x [{low:.2f}, {high:.2f}]")
+        for k, bounds in ratios(json.load(open(sys.argv[2]))["timings"], case, other).items():
+            print(f"  {case} / {other} {k}: {ratio_text(*bounds)}")
         return
     out, repeats = sys.argv[1], int(sys.argv[2])
     servers = dict(arg.split("=", 1) for arg in sys.argv[3:])
@@ -84,16 +100,17 @@ def main() -> None:
     summary: dict[str, dict[str, float]] = {}
     for name in names:
         row = {k: statistics.median(t[k] for t in timings[name]) for k in timings[name][0]}
-        for k, (mid, low, high) in ratios(timings, name, baseline).items():
+        for k, (mid, low, high, low95, high95) in ratios(timings, name, baseline).items():
             row[f"{k}_vs_{baseline}"] = mid
             row[f"{k}_vs_{baseline}_range"] = [low, high]  # type: ignore[assignment]
+            row[f"{k}_vs_{baseline}_interval"] = [low95, high95]  # type: ignore[assignment]
         summary[name] = row
     json.dump({"repeats": repeats, "baseline": baseline, "timings": timings, "median": summary}, open(out, "w"), indent=1)
-    print(f"SPEED interleaved, {repeats} repetitions, median tok/s (ratio to {baseline}: median [min, max])")
+    print(f"SPEED interleaved, {repeats} repetitions, median tok/s (ratio to {baseline}: median [min, max] 95% interval)")
     for name in names:
         row = summary[name]
-        cells = [f"{k} {row[k]:.0f} ({row[f'{k}_vs_{baseline}']:.2f}x [{row[f'{k}_vs_{baseline}_range'][0]:.2f}, "
-                 f"{row[f'{k}_vs_{baseline}_range'][1]:.2f}])" for k in keys]
+        cells = [f"{k} {row[k]:.0f} ({ratio_text(row[f'{k}_vs_{baseline}'], *row[f'{k}_vs_{baseline}_range'], *row[f'{k}_vs_{baseline}_interval'])})"
+                 for k in keys]
         accept = ", ".join(f"{k[:-7]} accept {row[k]:.2f}" for k in row if k.endswith("_accept"))
         print(f"  {name}: " + "; ".join(cells) + f"; {accept}")
 
