@@ -41,13 +41,14 @@
 # (duplicate free pages, freed pages still owned; dflash_check is their control) and _prev is
 # $DDTREE_PREV (0.3.0-rc.3: its commit rewrote req_to_token). Lines STRESS*[case] go to compare.txt, with any leak/double-free log lines.
 # Sharing the machine with another job (bench_sweep.sh in the background): PORT_BASE (default 30000)
-# moves the ports, CLIENTS_AFTER=FILE holds the clients until FILE exists (at most CLIENTS_WAIT s,
+# and NCCL_PORT_BASE (28000) move the ports, CLIENTS_AFTER=FILE holds the clients until FILE exists (at most CLIENTS_WAIT s,
 # default 600), and $OUT/w/done.CASE is touched after each case's client, done.all at the end.
 # GRAMMAR_CLIENT=1: the dense copy pair's cases (copy_plain, copy_dflash, copy_ddtree*) are driven by
 # hybrid_client.py too, so their regex-constrained requests are compared with plain's (HYBRID[...] lines).
-# Each server's NCCL port is pinned at its HTTP port + 1000 (below the ephemeral range): left to SGLang's
-# get_free_port, a port it probed free was taken by another starting server's connection (run 34 call 2,
-# EADDRINUSE at init_process_group).
+# Each server's NCCL port is pinned: NCCL_PORT_BASE (default 28000) + its index, a range of its own below
+# the ephemeral ports (32768 on) and apart from the HTTP ports (PORT_BASE, and bench_sweep.sh's 31000). Left
+# to SGLang's get_free_port, a port probed free can be taken before the server binds it, likely what
+# happened in run 34 call 2 (EADDRINUSE at init_process_group while four servers started).
 # Every server runs with --sleep-on-idle: an idle scheduler otherwise spins a core, and the idle
 # servers share cores 0-11 with the one being timed.
 set -u
@@ -145,15 +146,15 @@ done
 COMMON="--host 127.0.0.1 --sampling-backend pytorch --mem-fraction-static 0.04 --max-total-tokens 32768 --context-length 2048 --cuda-graph-max-bs-decode 4 --disable-prefill-cuda-graph --random-seed 0 --log-level info --sleep-on-idle"
 suffix_of() { case $1 in *_fa3) echo _fa3;; *_fi) echo _fi;; *_auto) echo _auto;; esac; }
 backend_of() { case $(suffix_of "$1") in _fa3) echo fa3;; _fi) echo flashinfer;; _auto) ;; *) echo triton;; esac; }
-declare -A PORT PID
+declare -A PORT NCCL_PORT PID
 i=0
 for c in "${CASES[@]}"; do
-  PORT[$c]=$((${PORT_BASE:-30000} + i)); i=$((i + 1))
+  PORT[$c]=$((${PORT_BASE:-30000} + i)); NCCL_PORT[$c]=$((${NCCL_PORT_BASE:-28000} + i)); i=$((i + 1))
   site=/tmp/site; case $c in *_fault) site=/tmp/site_fault;; *_prev) site=/tmp/site_prev;; *ddtree*|refuse_*) site=/tmp/site_dd;; esac
   # shellcheck disable=SC2086
   base=${c%$(suffix_of "$c")}
   be=$(backend_of "$c")
-  env ${CENV[$c]:-} PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} --nccl-port $((PORT[$c] + 1000)) ${EXTRA[$c]:-} > "$O/$c.log" 2>&1 &
+  env ${CENV[$c]:-} PYTHONPATH=$site setsid taskset -c 0-11 python3 -m sglang.launch_server ${CASE[$base]} $COMMON ${be:+--attention-backend $be} --port ${PORT[$c]} --nccl-port ${NCCL_PORT[$c]} ${EXTRA[$c]:-} > "$O/$c.log" 2>&1 &
   PID[$c]=$!
 done
 if [ "${TREE_BENCH:-0}" = 1 ]; then
