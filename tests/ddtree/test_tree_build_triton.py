@@ -58,6 +58,9 @@ CASES = [(family, 2, 7, 60, [1, 5, 16, 64, 150]) for family in FAMILIES] + [
     ("integer", 2, 4, 3, [2, 120, 200]),  # K = V = 3 < budget; 200 > the whole 3-ary tree (120 nodes)
     ("flat", 2, 1, 50, [10, 50, 80]),  # L = 1
     ("integer", 1, 255, 3, [300]),  # depth 255, the widest the key (rc.23: the payload) holds
+    # rc.27's phases: one node past the first phase's width (129) and the widths' edges (256, 257)
+    ("sharp", 2, 7, 60, [129, 257]),
+    ("masked", 2, 7, 60, [256]),
 ]
 MINUS_INF_BUDGETS = [1, 3, 40]
 # Trials of test_tree_build's engineered_rounding_logits whose heap scores at budget 400 hang on float64
