@@ -41,8 +41,9 @@
 # (duplicate free pages, freed pages still owned; dflash_check is their control) and _prev is
 # $DDTREE_PREV (0.3.0-rc.3: its commit rewrote req_to_token). Lines STRESS*[case] go to compare.txt, with any leak/double-free log lines.
 # Sharing the machine with another job (bench_sweep.sh in the background): PORT_BASE (default 30000)
-# and NCCL_PORT_BASE (28000) move the ports, CLIENTS_AFTER=FILE holds the clients until FILE exists (at most CLIENTS_WAIT s,
-# default 600), and $OUT/w/done.CASE is touched after each case's client, done.all at the end.
+# and NCCL_PORT_BASE (28000) move the ports, CLIENTS_AFTER=FILE holds the clients until FILE exists
+# (at most CLIENTS_WAIT s, default 600), and $OUT/w/done.CASE is touched after each case's client,
+# done.all at the end.
 # GRAMMAR_CLIENT=1: the dense copy pair's cases (copy_plain, copy_dflash, copy_ddtree*) are driven by
 # hybrid_client.py too, so their regex-constrained requests are compared with plain's (HYBRID[...] lines).
 # Each server's NCCL port is pinned: NCCL_PORT_BASE (default 28000) + its index, a range of its own below
