@@ -23,15 +23,17 @@ the GPU takes, top-K included) and hands the trees back; the comparisons run her
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -43,6 +45,8 @@ SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtre
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
 TOP_K_FROM_LOGITS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.22"):])
+# The versions whose top-K finishes a row from its candidates after two passes when they are few.
+TOP_K_CANDIDATES = set(SPECS[SPECS.index("ddtree@0.3.0-rc.28"):])
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -203,6 +207,19 @@ def test_the_fused_log_probs_are_the_torch_path(core: ModuleType, from_kernels: 
     assert max(ulps) <= 2
 
 
+def test_the_top_k_cases_take_both_ways(from_kernels: dict, spec: str) -> None:
+    """rc.28 on: the top-K cases finish some rows from their candidates and send others through the later
+    passes and the split, so the equality above holds for both ways. The near-ties rows must fall back:
+    their 600 entries share the cut's 16 high bits, more than the 512 candidates k = 200 allows."""
+    flags = {key.split("/", 1)[1]: value for key, value in from_kernels.items() if key.startswith("top_k_flags/")}
+    if spec not in TOP_K_CANDIDATES:
+        assert not flags
+        return
+    every = torch.cat([value.flatten() for value in flags.values()])
+    assert (every == 1).any() and (every == 0).any(), flags
+    assert flags["near-ties-k200"].tolist() == [0, 0]
+
+
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
     return core.DDTreeBatch(**built, budget=budget)
 
@@ -344,6 +361,27 @@ def _adversarial_select(real_topk: Callable[..., Any]) -> Callable[..., Any]:
     return topk
 
 
+@contextlib.contextmanager
+def _radix_states(top_k_kernel: ModuleType) -> Iterator[list[torch.Tensor]]:
+    """rc.28 on: every radix state the top-K allocates inside the block, kept to read its rows' flags
+    after each call."""
+    states: list[torch.Tensor] = []
+    words = getattr(top_k_kernel, "_DDTREE_RADIX_STATE", None)
+    if words is None or not hasattr(top_k_kernel, "_DDTREE_FLAG_WORD"):
+        yield states
+        return
+    real_empty = torch.empty
+
+    def empty(*args: Any, **kwargs: Any) -> torch.Tensor:
+        tensor = real_empty(*args, **kwargs)
+        if tensor.dim() == 2 and tensor.shape[1] == words.value and tensor.dtype == torch.int32:
+            states.append(tensor)
+        return tensor
+
+    with mock.patch.object(torch, "empty", empty):
+        yield states
+
+
 def _build_with_kernels(work: Path) -> None:
     """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels (rc.16 on:
     its Triton top-K too), and that top-K alone on ``top_k_cases``."""
@@ -372,8 +410,12 @@ def _build_with_kernels(work: Path) -> None:
     if hasattr(top_k_kernel, "ddtree_top_k_triton"):
         top_k_home._ddtree_triton_top_k = lambda device: counted("top_k", top_k_kernel.ddtree_top_k_triton)
         torch.Tensor.topk = _adversarial_select(torch.Tensor.topk)  # this child process only
-        for name, (logits, k) in cases["top_k"].items():
-            trees[f"top_k/{name}"] = top_k_home._ddtree_top_k(logits, k)
+        with _radix_states(top_k_kernel) as states:
+            for name, (logits, k) in cases["top_k"].items():
+                trees[f"top_k/{name}"] = top_k_home._ddtree_top_k(logits, k)
+                if states:  # the flag word of the tail, which starts halfway through the state
+                    state = states.pop()
+                    trees[f"top_k_flags/{name}"] = state[:, state.shape[1] // 2 + top_k_kernel._DDTREE_FLAG_WORD.value]
     for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
         builder = functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction")
         builder_home._ddtree_triton_builder = lambda device, builder=builder: counted("build", builder)
