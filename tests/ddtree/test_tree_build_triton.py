@@ -158,7 +158,8 @@ def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
     first chunk is all masked, and a row with a +inf logit (NaN log-probs); and rows of near-ties: 600
     float32 logits within 700 units in the last place, over three chunks, so the k-th image shares its
     high 24 bits with entries of other low bytes in earlier chunks (rc.22's split counts those from
-    the last pass's suffix sums; bf16 logits never get there)."""
+    the last pass's suffix sums; bf16 logits never get there); and rows of one finite logit, whose only
+candidate sits exactly on rc.28's 16-bit cut."""
     masked = make_logits("bf16", (2, 3, 9000), 3).float()
     masked[1, 2] = float("-inf")
     masked[0, 1, :4096] = float("-inf")
@@ -167,8 +168,10 @@ def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
     near_ties = torch.full((1, 2, 9000), -30.0)
     ulps = torch.randint(0, 700, (1, 2, 600), generator=seeded)
     near_ties.scatter_(-1, torch.randint(0, 9000, (1, 2, 600), generator=seeded), 1.0 + ulps * 2.0**-23)
+    one_finite = torch.full((1, 2, 16), float("-inf"))
+    one_finite[0, :, 3] = 1.0  # log-prob 0.0: an image whose low 16 bits are zero, at the cut itself
     return {"bf16-k7": (make_logits("bf16", (2, 3, 9000), 1), 7), "integer-k60": (make_logits("integer", (1, 4, 8200), 2), 60),
-            "masked-k33": (masked, 33), "near-ties-k200": (near_ties, 200)}
+            "masked-k33": (masked, 33), "near-ties-k200": (near_ties, 200), "one-finite-k1": (one_finite, 1)}
 
 
 def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, from_kernels: dict,
