@@ -159,7 +159,7 @@ def top_k_cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
     float32 logits within 700 units in the last place, over three chunks, so the k-th image shares its
     high 24 bits with entries of other low bytes in earlier chunks (rc.22's split counts those from
     the last pass's suffix sums; bf16 logits never get there); and rows of one finite logit, whose only
-candidate sits exactly on rc.28's 16-bit cut."""
+    candidate sits exactly on rc.28's 16-bit cut."""
     masked = make_logits("bf16", (2, 3, 9000), 3).float()
     masked[1, 2] = float("-inf")
     masked[0, 1, :4096] = float("-inf")
