@@ -12,7 +12,8 @@ rc.26's (the radix pick's barrier the kernel's own, the cut passed to the pick; 
 one program at a time, so the ordering the barrier keeps can only show on a GPU), rc.27's (the pop
 loop's frontier in phases of doubling width: the budgets above 128 run two phases or more) and rc.28's
 (a top-K row finished from its candidates after two passes when they are few, which the small
-vocabularies here mostly take and flat rows do not; the second pop's log-probs read beside the first's).
+vocabularies here mostly take and flat rows do not; the second pop's log-probs read beside the first's) and
+rc.29's (a flagged row's candidates collected by the third pass's launch).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
@@ -40,7 +41,8 @@ import torch
 
 SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20",
          "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22", "ddtree@0.3.0-rc.23", "ddtree@0.3.0-rc.24",
-         "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28"]
+         "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
+         "ddtree@0.3.0-rc.29"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
