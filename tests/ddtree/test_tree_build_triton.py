@@ -14,7 +14,8 @@ loop's frontier in phases of doubling width: the budgets above 128 run two phase
 (a top-K row finished from its candidates after two passes when they are few, which the small
 vocabularies here mostly take and flat rows do not; the second pop's log-probs read beside the first's) and
 rc.29's (a flagged row's candidates collected by the third pass's launch) and rc.30's (the visibility
-written as zeros, then a byte per ancestor).
+written as zeros, then a byte per ancestor; like rc.26's, the barrier that orders those stores, and the
+one in its tokens pass, can only show on a GPU).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
 imported), so the kernels run in one child process started with that variable: nothing of it reaches
