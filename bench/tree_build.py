@@ -5,10 +5,10 @@ pop loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on:
 (``PREVIOUS``, rc.16: torch's log-softmax, its Triton 32-bit top-K with its ties repaired, one pop per
 reduction of the frontier) and the newest (``NEWEST``, rc.30: Triton log-probs and a radix-select top-K
 in ``ddtree_top_k.py`` from the logits, each pass's cut picked once per row, a row with few candidates
-after two passes finished from them, collected by the third pass's launch; two pops per reduction of a frontier of int32 keys after the
-log-prob table is read into L1, the second pop's log-probs read beside the first's, the frontier's
-width doubling as the nodes fill it, the tokens gathered after the loop, the visibility written a byte
-per ancestor) side by side, and the newest kernel at each ``--warps`` count.
+after two passes finished from them, collected by the third pass's launch; two pops per reduction of a
+frontier of int32 keys after the log-prob table is read into L1, the second pop's log-probs read beside
+the first's, the frontier's width doubling as the nodes fill it, the tokens gathered after the loop, the
+visibility written a byte per ancestor) side by side, and the newest kernel at each ``--warps`` count.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
 log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the

@@ -10,9 +10,9 @@ rc.24's (the log-prob table read into L1 before the pop loop), rc.25's (the radi
 once per pass by the row's last program, histograms skipped where no entry is in the running) and
 rc.26's (the radix pick's barrier the kernel's own, the cut passed to the pick; the interpreter runs
 one program at a time, so the ordering the barrier keeps can only show on a GPU), rc.27's (the pop
-loop's frontier in phases of doubling width: the budgets above 128 run two phases or more) and rc.28's
+loop's frontier in phases of doubling width: the budgets above 128 run two phases or more), rc.28's
 (a top-K row finished from its candidates after two passes when they are few, which the small
-vocabularies here mostly take and flat rows do not; the second pop's log-probs read beside the first's) and
+vocabularies here mostly take and flat rows do not; the second pop's log-probs read beside the first's),
 rc.29's (a flagged row's candidates collected by the third pass's launch) and rc.30's (the visibility
 written as zeros, then a byte per ancestor; like rc.26's, the barrier that orders those stores, and the
 one in its tokens pass, can only show on a GPU).
