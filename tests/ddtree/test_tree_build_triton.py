@@ -15,7 +15,7 @@ loop's frontier in phases of doubling width: the budgets above 128 run two phase
 vocabularies here mostly take and flat rows do not; the second pop's log-probs read beside the first's),
 rc.29's (a flagged row's candidates collected by the third pass's launch), rc.30's (the visibility
 written as zeros, then a byte per ancestor; like rc.26's, the barrier that orders those stores, and the
-one in its tokens pass, can only show on a GPU) and rc.31's (each row sorted by the last program through
+one in its tokens pass, can only show on a GPU), rc.31's (each row sorted by the last program through
 the split's launch, whose counter the interpreter's one program at a time counts as a GPU does) and
 rc.32's (rc.31's edit undone, the sort's warps by its width, which the interpreter does not model).
 
@@ -46,8 +46,7 @@ import torch
 SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20",
          "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22", "ddtree@0.3.0-rc.23", "ddtree@0.3.0-rc.24",
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
-         "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31",
-         "ddtree@0.3.0-rc.32"]
+         "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
