@@ -53,6 +53,8 @@ MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):
 TOP_K_FROM_LOGITS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.22"):])
 # The versions whose top-K finishes a row from its candidates after two passes when they are few.
 TOP_K_CANDIDATES = set(SPECS[SPECS.index("ddtree@0.3.0-rc.28"):])
+# The versions whose order kernel's warps grow with its sort's width (rc.32 on; rc.31 sorted in the split's launch).
+ORDER_WARPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.32"):])
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -227,6 +229,16 @@ def test_the_top_k_cases_take_both_ways(from_kernels: dict, spec: str) -> None:
     every = torch.cat([value.flatten() for value in flags.values()])
     assert (every == 1).any() and (every == 0).any(), flags
     assert flags["near-ties-k200"].tolist() == [0, 0]
+
+
+def test_the_order_kernels_warps_grow_with_its_sort(from_kernels: dict, spec: str) -> None:
+    """rc.32 on: the order kernel's one-program sort of CAP = 2 * next_pow2(k) keys runs four warps up to
+    256 keys, eight up to 1,024 and sixteen above (run 37 call 2 timed 8 at 1,024 keys and 16 at 2,048).
+    The interpreter ignores warps, so the rule is read from the version's launcher."""
+    if spec not in ORDER_WARPS:
+        assert "order_warps" not in from_kernels
+        return
+    assert from_kernels["order_warps"] == {2: 4, 128: 4, 256: 4, 512: 8, 1024: 8, 2048: 16}
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -416,6 +428,8 @@ def _build_with_kernels(work: Path) -> None:
         top_k_home._ddtree_triton_log_probs = lambda device: counted("log_probs", top_k_kernel.ddtree_log_probs_triton)
         for name, (logits, _) in cases["top_k"].items():
             trees[f"log_probs/{name}"] = top_k_home._ddtree_log_probs_and_images(logits)
+    if hasattr(top_k_kernel, "_ddtree_order_warps"):  # rc.32 on
+        trees["order_warps"] = {cap: top_k_kernel._ddtree_order_warps(cap) for cap in (2, 128, 256, 512, 1024, 2048)}
     if hasattr(top_k_kernel, "ddtree_top_k_triton"):
         top_k_home._ddtree_triton_top_k = lambda device: counted("top_k", top_k_kernel.ddtree_top_k_triton)
         torch.Tensor.topk = _adversarial_select(torch.Tensor.topk)  # this child process only
