@@ -46,7 +46,8 @@ import torch
 SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtree@0.3.0-rc.19", "ddtree@0.3.0-rc.20",
          "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22", "ddtree@0.3.0-rc.23", "ddtree@0.3.0-rc.24",
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
-         "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32"]
+         "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32",
+         "ddtree@0.3.0-rc.33"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
@@ -55,6 +56,8 @@ TOP_K_FROM_LOGITS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.22"):])
 TOP_K_CANDIDATES = set(SPECS[SPECS.index("ddtree@0.3.0-rc.28"):])
 # The versions whose order kernel's warps grow with its sort's width (rc.32 on; rc.31 sorted in the split's launch).
 ORDER_WARPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.32"):])
+# The versions whose vocabulary chunk follows the grid (rc.33 on: 2,048 entries where 4,096 give too few programs).
+CHUNK_BY_GRID = set(SPECS[SPECS.index("ddtree@0.3.0-rc.33"):])
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -191,11 +194,17 @@ def test_the_triton_top_k_is_the_int64_key_top_k(core: ModuleType, spec: str, fr
         assert not hasattr(core, "_ddtree_key64_tokens") and not any(key.startswith("top_k/") for key in from_kernels)
         return
     for name, (logits, k) in top_k_cases(make_logits).items():
-        log_probs, ordered = private(core, "_ddtree_log_probs_and_images")(logits)
-        tokens = private(core, "_ddtree_key64_tokens")(ordered, k)
-        got_log_probs, got_tokens = from_kernels[f"top_k/{name}"]
-        assert torch.equal(got_tokens, tokens), name
-        assert torch.equal(got_log_probs.view(torch.int32), log_probs.gather(-1, tokens).view(torch.int32)), name
+        assert_the_key_top_k(core, from_kernels[f"top_k/{name}"], logits, k, name)
+
+
+def assert_the_key_top_k(core: ModuleType, got: tuple[torch.Tensor, torch.Tensor], logits: torch.Tensor, k: int,
+                         name: str) -> None:
+    """``got`` (log-probs, tokens) is the int64 key's top-K of ``logits``, bit for bit."""
+    log_probs, ordered = private(core, "_ddtree_log_probs_and_images")(logits)
+    tokens = private(core, "_ddtree_key64_tokens")(ordered, k)
+    got_log_probs, got_tokens = got
+    assert torch.equal(got_tokens, tokens), name
+    assert torch.equal(got_log_probs.view(torch.int32), log_probs.gather(-1, tokens).view(torch.int32)), name
 
 
 def test_the_fused_log_probs_are_the_torch_path(core: ModuleType, from_kernels: dict, make_logits: MakeLogits) -> None:
@@ -239,6 +248,26 @@ def test_the_order_kernels_warps_grow_with_its_sort(from_kernels: dict, spec: st
         assert "order_warps" not in from_kernels
         return
     assert from_kernels["order_warps"] == {2: 4, 128: 4, 256: 4, 512: 8, 1024: 8, 2048: 16}
+
+
+def test_the_vocabulary_chunk_follows_the_grid(core: ModuleType, from_kernels: dict, spec: str,
+                                               make_logits: MakeLogits) -> None:
+    """rc.33 on: 2,048-entry chunks where 4,096-entry ones would give the SMs fewer than eight programs each
+    (rows, vocabulary, SMs below), and over either chunk the same top-K, the int64 key's, and the same
+    log-probs as the torch path."""
+    if spec not in CHUNK_BY_GRID:
+        assert "vocab_chunk" not in from_kernels and not any(key.startswith("chunk/") for key in from_kernels)
+        return
+    assert from_kernels["vocab_chunk"] == {(15, 151936, 132): 2048, (27, 151936, 132): 2048,
+                                           (28, 151936, 132): 4096, (120, 151936, 132): 4096,
+                                           (15, 151936, 16): 4096, (1, 16, 132): 2048}
+    for chunk in (2048, 4096):
+        for name, (logits, k) in top_k_cases(make_logits).items():
+            assert_the_key_top_k(core, from_kernels[f"chunk/{chunk}/top_k/{name}"], logits, k, f"{chunk}/{name}")
+            got_log_probs, got_images = from_kernels[f"chunk/{chunk}/log_probs/{name}"]
+            log_probs, images = private(core, "_ddtree_log_probs_and_images")(logits)
+            assert torch.equal(got_log_probs.view(torch.int32), log_probs.view(torch.int32)), f"{chunk}/{name}"
+            assert torch.equal(got_images, images), f"{chunk}/{name}"
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -430,6 +459,15 @@ def _build_with_kernels(work: Path) -> None:
             trees[f"log_probs/{name}"] = top_k_home._ddtree_log_probs_and_images(logits)
     if hasattr(top_k_kernel, "_ddtree_order_warps"):  # rc.32 on
         trees["order_warps"] = {cap: top_k_kernel._ddtree_order_warps(cap) for cap in (2, 128, 256, 512, 1024, 2048)}
+    if hasattr(top_k_kernel, "_ddtree_vocab_chunk"):  # rc.33 on
+        rule = top_k_kernel._ddtree_vocab_chunk
+        trees["vocab_chunk"] = {grid: rule(*grid) for grid in ((15, 151936, 132), (27, 151936, 132), (28, 151936, 132),
+                                                               (120, 151936, 132), (15, 151936, 16), (1, 16, 132))}
+        for chunk in top_k_kernel._DDTREE_VOCAB_CHUNKS:
+            with mock.patch.object(top_k_kernel, "_ddtree_vocab_chunk", lambda rows, vocab, sms, chunk=chunk: chunk):
+                for name, (logits, k) in cases["top_k"].items():
+                    trees[f"chunk/{chunk}/log_probs/{name}"] = top_k_kernel.ddtree_log_probs_triton(logits)
+                    trees[f"chunk/{chunk}/top_k/{name}"] = top_k_kernel.ddtree_top_k_triton(draft_logits=logits, k=k)
     if hasattr(top_k_kernel, "ddtree_top_k_triton"):
         top_k_home._ddtree_triton_top_k = lambda device: counted("top_k", top_k_kernel.ddtree_top_k_triton)
         torch.Tensor.topk = _adversarial_select(torch.Tensor.topk)  # this child process only
