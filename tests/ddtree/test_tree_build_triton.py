@@ -58,6 +58,8 @@ TOP_K_CANDIDATES = set(SPECS[SPECS.index("ddtree@0.3.0-rc.28"):])
 ORDER_WARPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.32"):])
 # The versions whose vocabulary chunk follows the grid (rc.33 on: 2,048 entries where 4,096 give too few programs).
 CHUNK_BY_GRID = set(SPECS[SPECS.index("ddtree@0.3.0-rc.33"):])
+# The versions whose launches over the vocabulary run under a register cap by their chunk (rc.34 on).
+REGISTER_CAPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.34"):])
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -270,6 +272,16 @@ def test_the_vocabulary_chunk_follows_the_grid(core: ModuleType, from_kernels: d
             assert torch.equal(got_images, images), f"{chunk}/{name}"
 
 
+def test_the_launches_over_the_vocabulary_cap_their_registers_by_chunk(from_kernels: dict, spec: str) -> None:
+    """rc.34 on: every chunk the rule picks has its register cap, 96 a thread at 4,096 entries and 56 at 2,048,
+    under which batch 1's grid fits an H100's SMs at once (ptxas's counts in rc.34's docstring). The interpreter
+    ignores the cap, so it is read from the version's launcher."""
+    if spec not in REGISTER_CAPS:
+        assert "chunk_registers" not in from_kernels
+        return
+    assert from_kernels["chunk_registers"] == {2048: 56, 4096: 96}
+
+
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
     return core.DDTreeBatch(**built, budget=budget)
 
@@ -459,6 +471,9 @@ def _build_with_kernels(work: Path) -> None:
             trees[f"log_probs/{name}"] = top_k_home._ddtree_log_probs_and_images(logits)
     if hasattr(top_k_kernel, "_ddtree_order_warps"):  # rc.32 on
         trees["order_warps"] = {cap: top_k_kernel._ddtree_order_warps(cap) for cap in (2, 128, 256, 512, 1024, 2048)}
+    if hasattr(top_k_kernel, "_DDTREE_CHUNK_REGISTERS"):  # rc.34 on
+        trees["chunk_registers"] = {chunk: top_k_kernel._DDTREE_CHUNK_REGISTERS[chunk]
+                                    for chunk in top_k_kernel._DDTREE_VOCAB_CHUNKS}
     if hasattr(top_k_kernel, "_ddtree_vocab_chunk"):  # rc.33 on
         rule = top_k_kernel._ddtree_vocab_chunk
         trees["vocab_chunk"] = {grid: rule(*grid) for grid in ((15, 151936, 132), (27, 151936, 132), (28, 151936, 132),
