@@ -3,10 +3,10 @@ best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 an
 the fused Triton builder (the top-K, then ``ddtree_build.py``'s one program per request running the
 pop loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: the previous
 (``PREVIOUS``, rc.16: torch's log-softmax, its Triton 32-bit top-K with its ties repaired, one pop per
-reduction of the frontier) and the newest (``NEWEST``, rc.34: Triton log-probs and a radix-select top-K
+reduction of the frontier) and the newest (``NEWEST``, rc.35: Triton log-probs and a radix-select top-K
 in ``ddtree_top_k.py`` from the logits, each pass's cut picked once per row, a row with few candidates
 after two passes finished from them, collected by the third pass's launch, the sort's warps by its width,
-2,048-entry chunks where 4,096 would leave the SMs short of programs, each launch's registers capped by its chunk;
+2,048-entry chunks through batch 9, the registers of the launches every row takes capped by the chunk;
 two pops per reduction of a frontier of int32 keys after the log-prob table is read into L1, the second
 pop's log-probs read beside the first's, the frontier's width doubling as the nodes fill it, the tokens
 gathered after the loop, the visibility written a byte per ancestor) side by side, and the newest kernel
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 PREVIOUS = "ddtree@0.3.0-rc.16"  # one pop per reduction (rc.17 and rc.18 run its kernel and top-K)
-NEWEST = "ddtree@0.3.0-rc.34"  # registers capped by the chunk; rc.33's chunk by the grid, rc.32's sort warps
+NEWEST = "ddtree@0.3.0-rc.35"  # registers capped where every row goes; 2,048-entry chunks; rc.32's sort warps
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 # Where a version defines _ddtree_top_k: a split core's tree module (rc.18 on), else its ddtree_utils.py.

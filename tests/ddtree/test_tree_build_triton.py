@@ -47,7 +47,8 @@ SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtre
          "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22", "ddtree@0.3.0-rc.23", "ddtree@0.3.0-rc.24",
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
          "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32",
-         "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34"]
+         "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34",
+         "ddtree@0.3.0-rc.35"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
@@ -60,6 +61,7 @@ ORDER_WARPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.32"):])
 CHUNK_BY_GRID = set(SPECS[SPECS.index("ddtree@0.3.0-rc.33"):])
 # The versions whose launches over the vocabulary run under a register cap by their chunk (rc.34 on).
 REGISTER_CAPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.34"):])
+CHUNK_RULE_ROWS = (15, 27, 28, 120, 138, 139)  # each side of both versions' last row count for 2,048-entry chunks
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
@@ -255,14 +257,15 @@ def test_the_order_kernels_warps_grow_with_its_sort(from_kernels: dict, spec: st
 def test_the_vocabulary_chunk_follows_the_grid(core: ModuleType, from_kernels: dict, spec: str,
                                                make_logits: MakeLogits) -> None:
     """rc.33 on: 2,048-entry chunks where 4,096-entry ones would give the SMs fewer than eight programs each
-    (rows, vocabulary, SMs below), and over either chunk the same top-K, the int64 key's, and the same
-    log-probs as the torch path."""
+    (rc.35 on: forty, through batch 9 of a 15-deep draft) for (rows, vocabulary, SMs) below, and over either
+    chunk the same top-K, the int64 key's, and the same log-probs as the torch path."""
     if spec not in CHUNK_BY_GRID:
         assert "vocab_chunk" not in from_kernels and not any(key.startswith("chunk/") for key in from_kernels)
         return
-    assert from_kernels["vocab_chunk"] == {(15, 151936, 132): 2048, (27, 151936, 132): 2048,
-                                           (28, 151936, 132): 4096, (120, 151936, 132): 4096,
-                                           (15, 151936, 16): 4096, (1, 16, 132): 2048}
+    small_up_to = 27 if spec in ("ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34") else 138  # rows, 151,936 entries, 132 SMs
+    assert from_kernels["vocab_chunk"] == {
+        **{(rows, 151936, 132): 2048 if rows <= small_up_to else 4096 for rows in CHUNK_RULE_ROWS},
+        (15, 151936, 16): 4096 if small_up_to == 27 else 2048, (1, 16, 132): 2048}
     for chunk in (2048, 4096):
         for name, (logits, k) in top_k_cases(make_logits).items():
             assert_the_key_top_k(core, from_kernels[f"chunk/{chunk}/top_k/{name}"], logits, k, f"{chunk}/{name}")
@@ -476,8 +479,8 @@ def _build_with_kernels(work: Path) -> None:
                                     for chunk in top_k_kernel._DDTREE_VOCAB_CHUNKS}
     if hasattr(top_k_kernel, "_ddtree_vocab_chunk"):  # rc.33 on
         rule = top_k_kernel._ddtree_vocab_chunk
-        trees["vocab_chunk"] = {grid: rule(*grid) for grid in ((15, 151936, 132), (27, 151936, 132), (28, 151936, 132),
-                                                               (120, 151936, 132), (15, 151936, 16), (1, 16, 132))}
+        grids = [(rows, 151936, 132) for rows in CHUNK_RULE_ROWS] + [(15, 151936, 16), (1, 16, 132)]
+        trees["vocab_chunk"] = {grid: rule(*grid) for grid in grids}
         for chunk in top_k_kernel._DDTREE_VOCAB_CHUNKS:
             with mock.patch.object(top_k_kernel, "_ddtree_vocab_chunk", lambda rows, vocab, sms, chunk=chunk: chunk):
                 for name, (logits, k) in cases["top_k"].items():
