@@ -275,14 +275,22 @@ def test_the_vocabulary_chunk_follows_the_grid(core: ModuleType, from_kernels: d
             assert torch.equal(got_images, images), f"{chunk}/{name}"
 
 
-def test_the_launches_over_the_vocabulary_cap_their_registers_by_chunk(from_kernels: dict, spec: str) -> None:
-    """rc.34 on: every chunk the rule picks has its register cap, 96 a thread at 4,096 entries and 56 at 2,048,
-    under which batch 1's grid fits an H100's SMs at once (ptxas's counts in rc.34's docstring). The interpreter
-    ignores the cap, so it is read from the version's launcher."""
+def test_the_top_k_launches_carry_their_register_caps(from_kernels: dict, spec: str) -> None:
+    """rc.34 on: the launches over the vocabulary carry the register cap of their chunk, 56 a thread at 2,048
+    entries and 96 at 4,096 (under which batch 1's grid fits an H100's SMs at once; ptxas's counts in rc.34's
+    docstring): rc.34 every one of them, rc.35 on only those every row takes (the logsumexp's parts, the
+    log-probs, the first two counts), not the last count pass and the split; the sort never; none on ROCm,
+    whose Triton refuses the option. The interpreter ignores the cap, so the child records each launch's."""
     if spec not in REGISTER_CAPS:
-        assert "chunk_registers" not in from_kernels
+        assert "launch_caps" not in from_kernels
         return
-    assert from_kernels["chunk_registers"] == {2048: 56, 4096: 96}
+    every_launch = spec == "ddtree@0.3.0-rc.34"
+    for chunk, cap in ((2048, 56), (4096, 96)):
+        launches = from_kernels["launch_caps"][chunk]
+        capped = {"lse", "log_probs", "count 1", "count 2"} | ({"count 3", "split"} if every_launch else set())
+        assert launches == {name: cap if name in capped else None
+                            for name in ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order")}, chunk
+    assert set(from_kernels["launch_caps"]["rocm"].values()) == {None}
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -447,6 +455,30 @@ def _radix_states(top_k_kernel: ModuleType) -> Iterator[list[torch.Tensor]]:
         yield states
 
 
+def _launch_caps(top_k_kernel: ModuleType, logits: torch.Tensor, k: int) -> dict[object, dict[str, Any]]:
+    """The ``maxnreg`` each of the top-K's launches carries (None: no cap), by chunk, and on ROCm."""
+    kernels = {"lse": "_ddtree_lse_parts_kernel", "log_probs": "_ddtree_log_probs_kernel",
+               "count": "_ddtree_radix_count_kernel", "split": "_ddtree_split_ids_kernel",
+               "order": "_ddtree_top_k_order_kernel"}
+    caps: dict[object, dict[str, Any]] = {}
+    for label, chunk, hip in ((2048, 2048, None), (4096, 4096, None), ("rocm", 2048, "6.2")):
+        seen: dict[str, Any] = {}
+        with contextlib.ExitStack() as stack:
+            for name, attribute in kernels.items():
+                kernel = getattr(top_k_kernel, attribute)
+
+                def run(*args: Any, name: str = name, real: Callable[..., Any] = kernel.run, **kwargs: Any) -> Any:
+                    seen[name + (f" {kwargs['PASS']}" if "PASS" in kwargs else "")] = kwargs.get("maxnreg")
+                    return real(*args, **kwargs)
+
+                stack.enter_context(mock.patch.object(kernel, "run", run))
+            stack.enter_context(mock.patch.object(torch.version, "hip", hip))
+            stack.enter_context(mock.patch.object(top_k_kernel, "_ddtree_vocab_chunk", lambda *_, chunk=chunk: chunk))
+            top_k_kernel.ddtree_top_k_triton(draft_logits=logits, k=k)
+        caps[label] = seen
+    return caps
+
+
 def _build_with_kernels(work: Path) -> None:
     """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels (rc.16 on:
     its Triton top-K too), and that top-K alone on ``top_k_cases``."""
@@ -475,8 +507,7 @@ def _build_with_kernels(work: Path) -> None:
     if hasattr(top_k_kernel, "_ddtree_order_warps"):  # rc.32 on
         trees["order_warps"] = {cap: top_k_kernel._ddtree_order_warps(cap) for cap in (2, 128, 256, 512, 1024, 2048)}
     if hasattr(top_k_kernel, "_DDTREE_CHUNK_REGISTERS"):  # rc.34 on
-        trees["chunk_registers"] = {chunk: top_k_kernel._DDTREE_CHUNK_REGISTERS[chunk]
-                                    for chunk in top_k_kernel._DDTREE_VOCAB_CHUNKS}
+        trees["launch_caps"] = _launch_caps(top_k_kernel, *cases["top_k"]["bf16-k7"])
     if hasattr(top_k_kernel, "_ddtree_vocab_chunk"):  # rc.33 on
         rule = top_k_kernel._ddtree_vocab_chunk
         grids = [(rows, 151936, 132) for rows in CHUNK_RULE_ROWS] + [(15, 151936, 16), (1, 16, 132)]
