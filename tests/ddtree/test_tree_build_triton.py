@@ -466,7 +466,8 @@ def _launch_caps(top_k_kernel: ModuleType, logits: torch.Tensor, k: int) -> dict
             for name, attribute in kernels.items():
                 kernel = getattr(top_k_kernel, attribute)
 
-                def run(*args: Any, name: str = name, real: Callable[..., Any] = kernel.run, **kwargs: Any) -> Any:
+                def run(*args: Any, name: str = name, real: Callable[..., Any] = kernel.run, seen: dict = seen,
+                        **kwargs: Any) -> Any:
                     seen[name + (f" {kwargs['PASS']}" if "PASS" in kwargs else "")] = kwargs.get("maxnreg")
                     return real(*args, **kwargs)
 
