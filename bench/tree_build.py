@@ -58,13 +58,15 @@ if TYPE_CHECKING:
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 PREVIOUS = "ddtree@0.3.0-rc.16"  # one pop per reduction (rc.17 and rc.18 run its kernel and top-K)
-NEWEST = "ddtree@0.3.0-rc.35"  # registers capped where every row goes; 2,048-entry chunks; rc.32's sort warps
+NEWEST = "ddtree@0.3.0-rc.36"  # rc.35's launches overlapped (programmatic dependent launch)
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
+LAUNCH = "sglang/kernels/ops/speculative/ddtree_launch.py"  # rc.36 on: the kernels' dependent launch options
 # Where a version defines _ddtree_top_k: a split core's tree module (rc.18 on), else its ddtree_utils.py.
 TOP_K_HOMES = ("sglang/srt/speculative/ddtree_tree.py", "sglang/srt/speculative/ddtree_utils.py")
 BUILDER = "sglang/srt/speculative/ddtree_builder.py"  # a split core's batch builder
 TREE_MODULE = "sglang.srt.speculative.ddtree_tree"
+LAUNCH_MODULE = "sglang.kernels.ops.speculative.ddtree_launch"
 
 
 def load_module(name: str, path: Path) -> ModuleType:
@@ -111,6 +113,8 @@ def load_version_pair(spec: str) -> tuple[ModuleType, ModuleType]:
     at its kernels, from rc.21 in a module of their own (the bench's sglang is the pristine release, where the
     core's own import finds none)."""
     files = version_overlay(spec).manifest.files
+    if LAUNCH in files:  # the kernel modules import it by its sglang name as they load
+        sys.modules[LAUNCH_MODULE] = load_version_file(spec, LAUNCH)
     core = load_version_file(spec, next(path for path in TOP_K_HOMES if path in files))
     kernel = load_version_file(spec, KERNEL)
     top_k = load_version_file(spec, TOP_K_KERNEL) if TOP_K_KERNEL in files else kernel

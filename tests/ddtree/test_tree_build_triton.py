@@ -47,7 +47,7 @@ SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtre
          "ddtree@0.3.0-rc.21", "ddtree@0.3.0-rc.22", "ddtree@0.3.0-rc.23", "ddtree@0.3.0-rc.24",
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
          "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32",
-         "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34", "ddtree@0.3.0-rc.35"]
+         "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34", "ddtree@0.3.0-rc.35", "ddtree@0.3.0-rc.36"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
@@ -60,9 +60,12 @@ ORDER_WARPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.32"):])
 CHUNK_BY_GRID = set(SPECS[SPECS.index("ddtree@0.3.0-rc.33"):])
 # The versions whose launches over the vocabulary run under a register cap by their chunk (rc.34 on).
 REGISTER_CAPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.34"):])
+# The versions whose build launches overlap where the GPU takes it (rc.36 on: programmatic dependent launch).
+DEPENDENT_LAUNCH = set(SPECS[SPECS.index("ddtree@0.3.0-rc.36"):])
 CHUNK_RULE_ROWS = (15, 27, 28, 120, 138, 139)  # each side of both versions' last row count for 2,048-entry chunks
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
+LAUNCH = "sglang/kernels/ops/speculative/ddtree_launch.py"  # rc.36 on: the build launches' options
 UTILS = "sglang/srt/speculative/ddtree_utils.py"
 # rc.18 on: the core in three modules, loaded in this order (utils re-exports the builders)
 CORE = ["sglang/srt/speculative/ddtree_tree.py", "sglang/srt/speculative/ddtree_builder.py", UTILS]
@@ -157,7 +160,7 @@ def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tupl
 
     work = tmp_path_factory.mktemp("triton")
     overlay = load_overlay(spec, OVERLAYS)
-    for path in (KERNEL, TOP_K_KERNEL, *CORE):  # the interpreter reads a kernel's source from its file
+    for path in (KERNEL, TOP_K_KERNEL, LAUNCH, *CORE):  # the interpreter reads a kernel's source from its file
         if path in overlay.manifest.files:
             (work / Path(path).name).write_bytes(overlay.content_of(path, None))
     torch.save({**cases, "top_k": top_k_cases(make_logits)}, work / "cases.pt")
@@ -287,9 +290,24 @@ def test_the_top_k_launches_carry_their_register_caps(from_kernels: dict, spec: 
     for chunk, cap in ((2048, 56), (4096, 96)):
         launches = from_kernels["launch_caps"][chunk]
         capped = {"lse", "log_probs", "count 1", "count 2"} | ({"count 3", "split"} if every_launch else set())
-        assert launches == {name: cap if name in capped else None
+        assert launches == {name: {"maxnreg": cap} if name in capped else {}
                             for name in ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order")}, chunk
-    assert set(from_kernels["launch_caps"]["rocm"].values()) == {None}
+    assert all(options == {} for options in from_kernels["launch_caps"]["rocm"].values())
+
+
+def test_the_build_launches_overlap_where_the_gpu_takes_it(from_kernels: dict, spec: str) -> None:
+    """rc.36 on: every launch of the build, the top-K's seven, the pop loop and the visibility kernel, carries
+    ``ddtree_dependent_launch``'s options, which are USE_GDC (the kernel's wait for the launch before it) and
+    Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, and none on an older GPU or
+    on the CPU. The interpreter runs no PTX: the child records each launch's options, then runs it without
+    them (the wait's place in each kernel is ``test_dependent_launch``'s)."""
+    if spec not in DEPENDENT_LAUNCH:
+        assert "dependent_launches" not in from_kernels
+        return
+    on = {"USE_GDC": True, "launch_pdl": True}
+    assert from_kernels["dependent_options"] == {"cuda, sm_90 on": on, "cuda, older": {}, "cpu": {}}
+    assert from_kernels["dependent_launches"] == dict.fromkeys(
+        ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order", "pop", "visibility"), on)
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -390,12 +408,12 @@ def test_the_cpu_keeps_the_torch_builder(core: ModuleType) -> None:
 
 
 # --------------------------------------------------------------------------- the child process
-def _load(path: Path) -> ModuleType:
+def _load(path: Path, package: str = "sglang.srt.speculative") -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"{path.stem}_rc3", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    sys.modules[f"sglang.srt.speculative.{path.stem}"] = module  # a split core's later modules import it
+    sys.modules[f"{package}.{path.stem}"] = module  # a split core's later modules (or kernel modules) import it
     spec.loader.exec_module(module)
     return module
 
@@ -454,36 +472,17 @@ def _radix_states(top_k_kernel: ModuleType) -> Iterator[list[torch.Tensor]]:
         yield states
 
 
-def _launch_caps(top_k_kernel: ModuleType, logits: torch.Tensor, k: int) -> dict[object, dict[str, Any]]:
-    """The ``maxnreg`` each of the top-K's launches carries (None: no cap), by chunk, and on ROCm."""
-    kernels = {"lse": "_ddtree_lse_parts_kernel", "log_probs": "_ddtree_log_probs_kernel",
-               "count": "_ddtree_radix_count_kernel", "split": "_ddtree_split_ids_kernel",
-               "order": "_ddtree_top_k_order_kernel"}
-    caps: dict[object, dict[str, Any]] = {}
-    for label, chunk, hip in ((2048, 2048, None), (4096, 4096, None), ("rocm", 2048, "6.2")):
-        seen: dict[str, Any] = {}
-        with contextlib.ExitStack() as stack:
-            for name, attribute in kernels.items():
-                kernel = getattr(top_k_kernel, attribute)
-
-                def run(*args: Any, name: str = name, real: Callable[..., Any] = kernel.run, seen: dict = seen,
-                        **kwargs: Any) -> Any:
-                    seen[name + (f" {kwargs['PASS']}" if "PASS" in kwargs else "")] = kwargs.get("maxnreg")
-                    return real(*args, **kwargs)
-
-                stack.enter_context(mock.patch.object(kernel, "run", run))
-            stack.enter_context(mock.patch.object(torch.version, "hip", hip))
-            stack.enter_context(mock.patch.object(top_k_kernel, "_ddtree_vocab_chunk", lambda *_, chunk=chunk: chunk))
-            top_k_kernel.ddtree_top_k_triton(draft_logits=logits, k=k)
-        caps[label] = seen
-    return caps
-
-
 def _build_with_kernels(work: Path) -> None:
     """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels (rc.16 on:
     its Triton top-K too), and that top-K alone on ``top_k_cases``."""
     assert os.environ["TRITON_INTERPRET"] == "1" and "triton" not in sys.modules
+    from tests.ddtree.launch_recorder import dependent_launches, launch_caps
+    from tests.ddtree.triton_cpu import stand_in_pdl_check
     torch.set_num_threads(1)
+    launch_path = work / Path(LAUNCH).name
+    if launch_path.exists():  # rc.36 on: the kernel modules import it, and it SGLang's PDL check (stood in for)
+        stand_in_pdl_check()
+        launch = _load(launch_path, "sglang.kernels.ops.speculative")
     core = {path.stem: _load(path) for path in (work / Path(p).name for p in CORE) if path.exists()}
     utils, kernel = core["ddtree_utils"], _load(work / Path(KERNEL).name)
     top_k_path = work / Path(TOP_K_KERNEL).name
@@ -507,7 +506,9 @@ def _build_with_kernels(work: Path) -> None:
     if hasattr(top_k_kernel, "_ddtree_order_warps"):  # rc.32 on
         trees["order_warps"] = {cap: top_k_kernel._ddtree_order_warps(cap) for cap in (2, 128, 256, 512, 1024, 2048)}
     if hasattr(top_k_kernel, "_DDTREE_CHUNK_REGISTERS"):  # rc.34 on
-        trees["launch_caps"] = _launch_caps(top_k_kernel, *cases["top_k"]["bf16-k7"])
+        trees["launch_caps"] = launch_caps(top_k_kernel, *cases["top_k"]["bf16-k7"])
+    if launch_path.exists():
+        trees.update(dependent_launches(launch, top_k_kernel, kernel, *cases["top_k"]["bf16-k7"]))
     if hasattr(top_k_kernel, "_ddtree_vocab_chunk"):  # rc.33 on
         rule = top_k_kernel._ddtree_vocab_chunk
         grids = [(rows, 151936, 132) for rows in CHUNK_RULE_ROWS] + [(15, 151936, 16), (1, 16, 132)]
@@ -536,4 +537,5 @@ def _build_with_kernels(work: Path) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.ddtree's helpers
     _build_with_kernels(Path(sys.argv[1]))

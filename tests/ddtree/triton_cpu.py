@@ -1,6 +1,7 @@
 """Loading Triton kernel files on a machine without a GPU, for the kernel tests and tools/: a file
-as a module under a name of our choosing, and SGLang 0.5.17's conv1d kernel file under its own
-name, which overlay ddtree's ``ddtree_conv1d.py`` imports."""
+as a module under a name of our choosing, SGLang 0.5.17's conv1d kernel file under its own
+name, which overlay ddtree's ``ddtree_conv1d.py`` imports, and a stand-in for the sglang module
+both ask whether the GPU launches dependent kernels early."""
 
 from __future__ import annotations
 
@@ -19,12 +20,20 @@ def load_module(path: Path | str, name: str) -> ModuleType:
     return module
 
 
-def sglang_conv_kernel(path: Path | str) -> ModuleType:
-    """SGLang's kernel file under its own module name. Its one sglang import asks the GPU whether it
-    can launch dependent kernels early; here a stand-in (test and tool only) answers no."""
-    for name in ("sglang", "sglang.kernels", "sglang.kernels.jit", "sglang.kernels.ops", "sglang.kernels.ops.mamba"):
+def stand_in_pdl_check() -> ModuleType:
+    """A stand-in (tests and tools only) for ``sglang.kernels.jit.utils``, the one sglang module SGLang's
+    Triton kernels and overlay ddtree's kernel modules import: its ``is_arch_support_pdl``, which asks the
+    GPU whether it can launch dependent kernels early, answers no."""
+    for name in ("sglang", "sglang.kernels", "sglang.kernels.jit", "sglang.kernels.ops", "sglang.kernels.ops.mamba",
+                 "sglang.kernels.ops.speculative"):
         sys.modules.setdefault(name, ModuleType(name))
     jit = ModuleType("sglang.kernels.jit.utils")
     jit.is_arch_support_pdl = lambda: False  # type: ignore[attr-defined]
     sys.modules[jit.__name__] = jit
+    return jit
+
+
+def sglang_conv_kernel(path: Path | str) -> ModuleType:
+    """SGLang's kernel file under its own module name, its sglang import answered by the stand-in."""
+    stand_in_pdl_check()
     return load_module(path, "sglang.kernels.ops.mamba.causal_conv1d_triton")
