@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 PREVIOUS = "ddtree@0.3.0-rc.16"  # one pop per reduction (rc.17 and rc.18 run its kernel and top-K)
-NEWEST = "ddtree@0.3.0-rc.36"  # rc.35's launches overlapped (programmatic dependent launch)
+NEWEST = "ddtree@0.3.0-rc.37"  # rc.35's launches, each waiting on the one before (programmatic dependent launch)
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 LAUNCH = "sglang/kernels/ops/speculative/ddtree_launch.py"  # rc.36 on: the kernels' dependent launch options
