@@ -21,13 +21,11 @@ import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.ddtree.triton_cpu import load_module, sglang_conv_kernel  # noqa: E402
+from tests.ddtree.triton_cpu import hopper_ptx, load_module, sglang_conv_kernel  # noqa: E402
 
-H200 = GPUTarget("cuda", 90, 32)
 POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "conv_state_ptr": "*bf16",
             "conv_state_indices_ptr": "*i32", "inter_ptr": "*bf16", "inter_indices_ptr": "*i32",
             "parent_ptr": "*i32", "o_ptr": "*bf16"}
@@ -44,9 +42,7 @@ def ptx(kernel: triton.JITFunction, nodes: int, channels: int, rows: int, warps:
                  **dict.fromkeys(UNIT_STRIDES, 1)}
     signature = {name: "constexpr" if name in constants else POINTERS.get(name, "i32") for name in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name in POINTERS}
-    source = triton.compiler.ASTSource(fn=kernel, constexprs=constants, signature=signature, attrs=aligned)
-    options = triton.compiler.make_backend(H200).parse_options({"num_warps": warps})
-    return triton.compile(source, target=H200, options=options.__dict__).asm["ptx"]
+    return hopper_ptx(kernel, signature, constants, warps, aligned)
 
 
 def registers(ptx_text: str) -> tuple[int, int]:

@@ -5,6 +5,7 @@ those the interpreter cannot run)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -49,21 +50,26 @@ def launch_caps(top_k_kernel: ModuleType, logits: torch.Tensor, k: int) -> dict[
     return caps
 
 
-def dependent_launches(launch: ModuleType, top_k_kernel: ModuleType, kernel: ModuleType, logits: torch.Tensor,
-                        k: int) -> dict[str, Any]:
-    """rc.36 on: ``ddtree_dependent_launch``'s answers (SGLang's ``is_arch_support_pdl`` stood in for), and the
-    options each launch of a top-K and a build carries where it answers yes."""
+def dependent_launches(launch: ModuleType, top_k_kernel: ModuleType, build_kernel: ModuleType, logits: torch.Tensor,
+                       k: int) -> dict[str, Any]:
+    """rc.36 on: ``ddtree_dependent_launch``'s answers (SGLang's ``is_arch_support_pdl`` stood in for; this child
+    runs under the interpreter, so each answer but the last is asked with it off), and the options each launch of a
+    top-K, a build and the log-probs alone carries where it answers yes."""
     answers = {}
-    for label, device, capable in (("cuda, sm_90 on", "cuda", True), ("cuda, older", "cuda", False),
-                                   ("cpu", "cpu", True)):
-        with mock.patch.object(launch, "is_arch_support_pdl", lambda capable=capable: capable):
+    for label, device, capable, interpreter in (("cuda, sm_90 on", "cuda", True, "0"), ("cuda, older", "cuda", False, "0"),
+                                                ("cpu", "cpu", True, "0"), ("cuda, interpreter", "cuda", True, "1")):
+        with (mock.patch.object(launch, "is_arch_support_pdl", lambda capable=capable: capable),
+              mock.patch.dict(os.environ, {"TRITON_INTERPRET": interpreter})):
             answers[label] = launch.ddtree_dependent_launch(torch.device(device))
     options = ("USE_GDC", "launch_pdl")
     capable = answers["cuda, sm_90 on"]  # what a Hopper's tensors get (these are on the CPU)
-    with (recorded(top_k_kernel, TOP_K_LAUNCHES, options, strip=True) as top_k_seen,
-          recorded(kernel, BUILD_LAUNCHES, options, strip=True) as build_seen,
-          mock.patch.object(top_k_kernel, "ddtree_dependent_launch", lambda device: capable),
-          mock.patch.object(kernel, "ddtree_dependent_launch", lambda device: capable)):
-        log_probs, tokens = top_k_kernel.ddtree_top_k_triton(draft_logits=logits, k=k)
-        kernel.build_ddtree_trees_triton(log_probs=log_probs, top_tokens=tokens, budget=k)
-    return {"dependent_options": answers, "dependent_launches": {**top_k_seen, **build_seen}}
+    alone = {f"{label} alone": TOP_K_LAUNCHES[label] for label in ("lse", "log_probs")}
+    with (mock.patch.object(top_k_kernel, "ddtree_dependent_launch", lambda device: capable),
+          mock.patch.object(build_kernel, "ddtree_dependent_launch", lambda device: capable)):
+        with (recorded(top_k_kernel, TOP_K_LAUNCHES, options, strip=True) as top_k_seen,
+              recorded(build_kernel, BUILD_LAUNCHES, options, strip=True) as build_seen):
+            log_probs, tokens = top_k_kernel.ddtree_top_k_triton(draft_logits=logits, k=k)
+            build_kernel.build_ddtree_trees_triton(log_probs=log_probs, top_tokens=tokens, budget=k)
+        with recorded(top_k_kernel, alone, options, strip=True) as alone_seen:
+            top_k_kernel.ddtree_log_probs_triton(logits)
+    return {"dependent_options": answers, "dependent_launches": {**top_k_seen, **build_seen, **alone_seen}}

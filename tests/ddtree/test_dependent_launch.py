@@ -5,16 +5,18 @@ next launch start (``griddepcontrol.launch_dependents``), rc.37's does not (the 
 without USE_GDC neither instruction is there. A read before the wait would see the previous kernel's memory half
 written, a race no interpreter test can show. The launches' options are ``test_tree_build_triton``'s to check.
 
-The kernels compile in a child process, Triton's compiler untouched by the interpreter the other kernel tests set.
+The kernels compile in a child process, so that the stand-in ``sglang`` modules they import stay out of this one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,8 +24,10 @@ import pytest
 SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False}
 KERNELS = "sglang/kernels/ops/speculative"
 MODULES = ("ddtree_launch", "ddtree_top_k", "ddtree_build")  # the launch module first: the others import it
-# The build's kernels (module, attribute) as a server launches them at budget 512, batch 1: 2,048-entry chunks of
-# 151,936 entries (75 chunks), k = 512 (CAP 1,024), three phases of the pop loop's frontier, 8 visibility rows a program.
+# The build's kernels (module, attribute, constexprs, warps) with a server's constexprs at budget 512, batch 1:
+# 2,048-entry chunks of 151,936 entries (75 chunks), k = 512 (CAP 1,024), three phases of the pop loop's frontier, 8
+# visibility rows a program; then the log-probs' two as they run alone. (No alignment hints or register cap: neither
+# moves the wait.)
 LAUNCHES = {
     "lse": ("ddtree_top_k", "_ddtree_lse_parts_kernel", {"BLOCK": 2048, "STATE": 2048}, 4),
     "log_probs": ("ddtree_top_k", "_ddtree_log_probs_kernel", {"BLOCK": 2048, "CP2": 128, "TOP_K_BITS": 8}, 4),
@@ -35,12 +39,17 @@ LAUNCHES = {
     "pop": ("ddtree_build", "_ddtree_build_kernel",
             {"FIRST_SLOTS": 128, "PHASES": 3, "SLOT_BITS": 16, "DEPTH_BITS": 8, "ONE_REDUCTION": True}, 4),
     "visibility": ("ddtree_build", "_ddtree_visibility_kernel", {"ROWS": 8, "COLS": 1024}, 4),
+    "lse alone": ("ddtree_top_k", "_ddtree_lse_parts_kernel", {"BLOCK": 2048, "STATE": 0}, 4),
+    "log_probs alone": ("ddtree_top_k", "_ddtree_log_probs_kernel", {"BLOCK": 2048, "CP2": 128, "TOP_K_BITS": 0}, 4),
 }
 POINTERS = {"logits_ptr": "*bf16", "parts_ptr": "*fp64", "radix_ptr": "*i32", "log_probs_ptr": "*fp32",
             "ordered_ptr": "*i32", "suffix_ptr": "*i32", "above_ptr": "*i32", "keys_ptr": "*i64", "tokens_ptr": "*i64",
             "out_log_probs_ptr": "*fp32", "out_tokens_ptr": "*i64", "top_tokens_ptr": "*i64", "depths_ptr": "*i64",
             "parents_ptr": "*i64", "scores_ptr": "*fp64", "num_nodes_ptr": "*i64", "visibility_ptr": "*u8"}
-GLOBAL_MEMORY = re.compile(r"\b(?:ld|st|atom|red)\.global\b")
+# A PTX instruction (after any predicate) that reads or writes memory; those in the state spaces no other launch
+# writes (a kernel's parameters, its shared and local memory, constants) do not count.
+MEMORY_ACCESS = re.compile(r"^\s*(?:@!?%\w+\s+)?((?:ld|st|atom|red|cp|prefetch|mbarrier)\.[\w.:]*)", re.MULTILINE)
+OWN_SPACES = (".param", ".shared", ".local", ".const")
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -51,7 +60,10 @@ def test_every_build_kernel_waits_before_it_touches_memory(tmp_path: Path, spec:
     overlay = load_overlay(spec, OVERLAYS)
     for module in MODULES:
         (tmp_path / f"{module}.py").write_bytes(overlay.content_of(f"{KERNELS}/{module}.py", None))
-    child = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True, text=True, timeout=600)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # not the user's ~/.triton
+    child = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env, capture_output=True, text=True,
+                           timeout=600)
     assert child.returncode == 0, child.stderr[-4000:]
     found = json.loads(child.stdout)
     assert found["kernels"] == dict.fromkeys(sorted({attribute for _, attribute, _, _ in LAUNCHES.values()}), True)
@@ -63,23 +75,19 @@ def test_every_build_kernel_waits_before_it_touches_memory(tmp_path: Path, spec:
 
 
 # --------------------------------------------------------------------------- the child process
-def _ptx(kernel: object, constants: dict, warps: int) -> str:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-
-    hopper = GPUTarget("cuda", 90, 32)
-    names = kernel.arg_names  # type: ignore[attr-defined]
-    signature = {name: "constexpr" if name in constants else POINTERS.get(name, "i32") for name in names}
-    options = make_backend(hopper).parse_options({"num_warps": warps})
-    source = ASTSource(fn=kernel, constexprs=constants, signature=signature)
-    return triton.compile(source, target=hopper, options=options.__dict__).asm["ptx"]
-
-
 def _places(ptx: str) -> dict[str, int]:
-    memory = GLOBAL_MEMORY.search(ptx)
+    """Where the wait, the next launch's start and the first access to memory another launch may write stand."""
+    memory = [match.start(1) for match in MEMORY_ACCESS.finditer(ptx) if not any(
+        space in match.group(1) for space in OWN_SPACES)]
     return {"wait": ptx.find("griddepcontrol.wait"), "launch": ptx.find("griddepcontrol.launch_dependents"),
-            "memory": memory.start() if memory else -1}
+            "memory": min(memory, default=-1)}
+
+
+def _ptx(kernel: Any, constants: dict[str, Any], warps: int) -> str:
+    from tests.ddtree.triton_cpu import hopper_ptx
+
+    signature = {name: "constexpr" if name in constants else POINTERS.get(name, "i32") for name in kernel.arg_names}
+    return hopper_ptx(kernel, signature, constants, warps)
 
 
 def _compile_all(work: Path) -> None:

@@ -61,8 +61,10 @@ ORDER_WARPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.32"):])
 CHUNK_BY_GRID = set(SPECS[SPECS.index("ddtree@0.3.0-rc.33"):])
 # The versions whose launches over the vocabulary run under a register cap by their chunk (rc.34 on).
 REGISTER_CAPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.34"):])
-# The versions whose build launches overlap where the GPU takes it (rc.36 on: programmatic dependent launch).
+# The versions whose build launches wait on the one before where the GPU takes it (rc.36 on: programmatic dependent
+# launch), and those whose answer is no under Triton's interpreter whatever the device (rc.37 on).
 DEPENDENT_LAUNCH = set(SPECS[SPECS.index("ddtree@0.3.0-rc.36"):])
+NO_PDL_UNDER_INTERPRETER = set(SPECS[SPECS.index("ddtree@0.3.0-rc.37"):])
 CHUNK_RULE_ROWS = (15, 27, 28, 120, 138, 139)  # each side of both versions' last row count for 2,048-entry chunks
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
@@ -296,19 +298,22 @@ def test_the_top_k_launches_carry_their_register_caps(from_kernels: dict, spec: 
     assert all(options == {} for options in from_kernels["launch_caps"]["rocm"].values())
 
 
-def test_the_build_launches_overlap_where_the_gpu_takes_it(from_kernels: dict, spec: str) -> None:
-    """rc.36 on: every launch of the build, the top-K's seven, the pop loop and the visibility kernel, carries
-    ``ddtree_dependent_launch``'s options, which are USE_GDC (the kernel's wait for the launch before it) and
-    Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, and none on an older GPU or
-    on the CPU. The interpreter runs no PTX: the child records each launch's options, then runs it without
-    them (the wait's place in each kernel is ``test_dependent_launch``'s)."""
+def test_the_build_launches_carry_dependent_launch_where_the_gpu_takes_it(from_kernels: dict, spec: str) -> None:
+    """rc.36 on: every launch of the build (the top-K's seven, the pop loop, the visibility kernel) and the log-probs'
+    two when they run alone carry ``ddtree_dependent_launch``'s options: USE_GDC (the kernel's wait for the launch
+    before it) and Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, none on an older
+    GPU or on the CPU, and from rc.37 none under Triton's interpreter, which cannot run the wait's PTX. The child
+    records each launch's options, then runs it without them (the wait's place in each kernel is
+    ``test_dependent_launch``'s)."""
     if spec not in DEPENDENT_LAUNCH:
         assert "dependent_launches" not in from_kernels
         return
     on = {"USE_GDC": True, "launch_pdl": True}
-    assert from_kernels["dependent_options"] == {"cuda, sm_90 on": on, "cuda, older": {}, "cpu": {}}
+    assert from_kernels["dependent_options"] == {"cuda, sm_90 on": on, "cuda, older": {}, "cpu": {},
+                                                 "cuda, interpreter": {} if spec in NO_PDL_UNDER_INTERPRETER else on}
     assert from_kernels["dependent_launches"] == dict.fromkeys(
-        ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order", "pop", "visibility"), on)
+        ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order", "pop", "visibility", "lse alone",
+         "log_probs alone"), on)
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
