@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -55,10 +56,12 @@ def dependent_launches(launch: ModuleType, top_k_kernel: ModuleType, build_kerne
     """rc.36 on: ``ddtree_dependent_launch``'s answers (SGLang's ``is_arch_support_pdl`` stood in for; this child
     runs under the interpreter, so each answer but the last is asked with it off), and the options each launch of a
     top-K, a build and the log-probs alone carries where it answers yes."""
+    # rc.36 imported SGLang's check when it loaded, rc.37 imports it from the stand-in module at each call.
+    check_home = launch if hasattr(launch, "is_arch_support_pdl") else sys.modules["sglang.kernels.jit.utils"]
     answers = {}
     for label, device, capable, interpreter in (("cuda, sm_90 on", "cuda", True, "0"), ("cuda, older", "cuda", False, "0"),
                                                 ("cpu", "cpu", True, "0"), ("cuda, interpreter", "cuda", True, "1")):
-        with (mock.patch.object(launch, "is_arch_support_pdl", lambda capable=capable: capable),
+        with (mock.patch.object(check_home, "is_arch_support_pdl", lambda capable=capable: capable),
               mock.patch.dict(os.environ, {"TRITON_INTERPRET": interpreter})):
             answers[label] = launch.ddtree_dependent_launch(torch.device(device))
     options = ("USE_GDC", "launch_pdl")
