@@ -1,8 +1,8 @@
-"""Overlay ddtree 0.3.0-rc.36's to rc.38's programmatic dependent launch, in the PTX an H100 or H200 runs: each kernel
-of the tree build, compiled here for sm_90 with Triton's own backend (no GPU needed), waits for the launch before it
-(``griddepcontrol.wait``) before its first load, store or atomic of global memory; rc.36's then lets the next launch
-start (``griddepcontrol.launch_dependents``), rc.37's and rc.38's (whose pop loop keeps its frontier sorted in memory
-of its own) do not (the next starts as its programs exit); without USE_GDC neither instruction is there. A read before the wait would see the previous kernel's memory half
+"""Overlay ddtree 0.3.0-rc.36's and rc.37's programmatic dependent launch, in the PTX an H100 or H200 runs: each
+kernel of the tree build, compiled here for sm_90 with Triton's own backend (no GPU needed), waits for the launch
+before it (``griddepcontrol.wait``) before its first load, store or atomic of global memory; rc.36's then lets the
+next launch start (``griddepcontrol.launch_dependents``), rc.37's does not (the next starts as its programs exit);
+without USE_GDC neither instruction is there. A read before the wait would see the previous kernel's memory half
 written, a race no interpreter test can show. The launches' options are ``test_tree_build_triton``'s to check.
 
 The kernels compile in a child process, so that the stand-in ``sglang`` modules they import stay out of this one.
@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 
 # Each version, and whether its kernels let the next launch start early.
-SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False, "ddtree@0.3.0-rc.38": False}
+SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False}
 KERNELS = "sglang/kernels/ops/speculative"
 MODULES = ("ddtree_launch", "ddtree_top_k", "ddtree_build")  # the launch module first: the others import it
 # The build's kernels (module, attribute, constexprs, warps) with a server's constexprs at budget 512, batch 1:
-# 2,048-entry chunks of 151,936 entries (75 chunks), k = 512 (CAP 1,024), the pop loop's frontier in phases (the
-# version's own: see POP), 8 visibility rows a program; then the log-probs' two as they run alone. (No alignment hints
-# or register cap: neither moves the wait.)
+# 2,048-entry chunks of 151,936 entries (75 chunks), k = 512 (CAP 1,024), three phases of the pop loop's frontier, 8
+# visibility rows a program; then the log-probs' two as they run alone. (No alignment hints or register cap: neither
+# moves the wait.)
 LAUNCHES = {
     "lse": ("ddtree_top_k", "_ddtree_lse_parts_kernel", {"BLOCK": 2048, "STATE": 2048}, 4),
     "log_probs": ("ddtree_top_k", "_ddtree_log_probs_kernel", {"BLOCK": 2048, "CP2": 128, "TOP_K_BITS": 8}, 4),
@@ -36,15 +36,13 @@ LAUNCHES = {
        for step in (1, 2, 3)},
     "split": ("ddtree_top_k", "_ddtree_split_ids_kernel", {"BLOCK": 2048, "CP2": 128, "BITS": 8}, 4),
     "order": ("ddtree_top_k", "_ddtree_top_k_order_kernel", {"BITS": 8, "CAP": 1024}, 8),
-    "pop": ("ddtree_build", "_ddtree_build_kernel", {"SLOT_BITS": 16, "DEPTH_BITS": 8}, 4),
+    "pop": ("ddtree_build", "_ddtree_build_kernel",
+            {"FIRST_SLOTS": 128, "PHASES": 3, "SLOT_BITS": 16, "DEPTH_BITS": 8, "ONE_REDUCTION": True}, 4),
     "visibility": ("ddtree_build", "_ddtree_visibility_kernel", {"ROWS": 8, "COLS": 1024}, 4),
     "lse alone": ("ddtree_top_k", "_ddtree_lse_parts_kernel", {"BLOCK": 2048, "STATE": 0}, 4),
     "log_probs alone": ("ddtree_top_k", "_ddtree_log_probs_kernel", {"BLOCK": 2048, "CP2": 128, "TOP_K_BITS": 0}, 4),
 }
-# The pop loop's phases at budget 512: rc.36 and rc.37 reduce over a frontier 128, 256, then 512 slots wide; rc.38
-# keeps it sorted, 512 entries halved down to 32. A version's are those whose names its kernel takes.
-POP = ({"FIRST_SLOTS": 128, "PHASES": 3, "ONE_REDUCTION": True}, {"SLOTS": 512, "PHASES": 5})
-POINTERS = {"frontier_scores_ptr": "*fp64", "frontier_words_ptr": "*i64", "logits_ptr": "*bf16", "parts_ptr": "*fp64", "radix_ptr": "*i32", "log_probs_ptr": "*fp32",
+POINTERS = {"logits_ptr": "*bf16", "parts_ptr": "*fp64", "radix_ptr": "*i32", "log_probs_ptr": "*fp32",
             "ordered_ptr": "*i32", "suffix_ptr": "*i32", "above_ptr": "*i32", "keys_ptr": "*i64", "tokens_ptr": "*i64",
             "out_log_probs_ptr": "*fp32", "out_tokens_ptr": "*i64", "top_tokens_ptr": "*i64", "depths_ptr": "*i64",
             "parents_ptr": "*i64", "scores_ptr": "*fp64", "num_nodes_ptr": "*i64", "visibility_ptr": "*u8"}
@@ -102,10 +100,7 @@ def _compile_all(work: Path) -> None:
     modules = {name: load_module(work / f"{name}.py", f"sglang.kernels.ops.speculative.{name}") for name in MODULES}
     kernels = {attribute: "USE_GDC" in value.arg_names for name in ("ddtree_top_k", "ddtree_build")
                for attribute, value in sorted(vars(modules[name]).items()) if attribute.endswith("_kernel")}
-    pop = modules["ddtree_build"]._ddtree_build_kernel
-    phases = next(constants for constants in POP if constants.keys() <= set(pop.arg_names))
-    on = {label: _places(_ptx(getattr(modules[module], attribute),
-                              {**constants, **(phases if label == "pop" else {}), "USE_GDC": True}, warps))
+    on = {label: _places(_ptx(getattr(modules[module], attribute), {**constants, "USE_GDC": True}, warps))
           for label, (module, attribute, constants, warps) in LAUNCHES.items()}
     module, attribute, constants, warps = LAUNCHES["visibility"]
     off = {"visibility": _places(_ptx(getattr(modules[module], attribute), {**constants, "USE_GDC": False}, warps))}

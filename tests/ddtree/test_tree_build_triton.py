@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import inspect
 import os
 import subprocess
 import sys
@@ -49,7 +48,7 @@ SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtre
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
          "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32",
          "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34", "ddtree@0.3.0-rc.35", "ddtree@0.3.0-rc.36",
-         "ddtree@0.3.0-rc.37", "ddtree@0.3.0-rc.38"]
+         "ddtree@0.3.0-rc.37"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
@@ -66,8 +65,6 @@ REGISTER_CAPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.34"):])
 # launch), and those whose answer is no under Triton's interpreter whatever the device (rc.37 on).
 DEPENDENT_LAUNCH = set(SPECS[SPECS.index("ddtree@0.3.0-rc.36"):])
 NO_PDL_UNDER_INTERPRETER = set(SPECS[SPECS.index("ddtree@0.3.0-rc.37"):])
-# The versions whose pop loop keeps its frontier sorted (rc.38 on): no reduction, so no one-reduction pop to run.
-SORTED_FRONTIER = set(SPECS[SPECS.index("ddtree@0.3.0-rc.38"):])
 CHUNK_RULE_ROWS = (15, 27, 28, 120, 138, 139)  # each side of both versions' last row count for 2,048-entry chunks
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
@@ -101,7 +98,7 @@ NAMES = (
     + [f"minus-inf-rows-B{b}" for b in MINUS_INF_BUDGETS]
     + [f"rounding-{trial}-B{ROUNDING_BUDGET}" for trial in ROUNDING_TRIALS]
 )
-# The interpreter runs the GPU's one-reduction pop (rc.3 to rc.37) element by element: small trees only.
+# The interpreter runs the GPU's one-reduction pop element by element: small trees only.
 ONE_REDUCTION = [n for n in NAMES if int(n.rsplit("-B", 1)[1]) <= 32]
 MakeLogits = Callable[[str, tuple[int, ...], int], torch.Tensor]
 
@@ -325,19 +322,14 @@ def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
 
 # --------------------------------------------------------------------------- the comparisons
 @pytest.mark.parametrize(
-    ("name", "pop"), [(n, "default") for n in NAMES] + [(n, "one-reduction") for n in ONE_REDUCTION]
+    ("name", "pop"), [(n, "two-reductions") for n in NAMES] + [(n, "one-reduction") for n in ONE_REDUCTION]
 )
 def test_kernel_trees_equal_the_heap_and_the_torch_builder(
-    core: ModuleType, cases: dict[str, tuple[torch.Tensor, int]], from_kernels: dict[str, dict], name: str, pop: str,
-    spec: str
+    core: ModuleType, cases: dict[str, tuple[torch.Tensor, int]], from_kernels: dict[str, dict], name: str, pop: str
 ) -> None:
-    """Every way of popping on every case it ran: the launcher's default (up to rc.37 the interpreter's two
-    reductions, from rc.38 the sorted frontier), and up to rc.37 the GPU's one reduction."""
+    """Both ways of popping (the interpreter's two reductions, the GPU's one) on every case they ran."""
     from tests.ddtree.test_tree_build import assert_same_tree
 
-    if f"{name}/{pop}" not in from_kernels:  # a version without that pop
-        assert pop == "one-reduction" and spec in SORTED_FRONTIER
-        return
     logits, budget = cases[name]
     got = kernel_batch(core, from_kernels[f"{name}/{pop}"], budget)
     torch_batch = core.build_ddtree_batch(logits, budget)
@@ -360,7 +352,7 @@ def test_the_cases_hold_what_the_kernel_must_get_right(core: ModuleType, cases: 
     builder's one replay pass gives up): the cases are hard."""
     from tests.ddtree.test_tree_build import rank_paths
 
-    trees = {name: kernel_batch(core, from_kernels[f"{name}/default"], cases[name][1]) for name in NAMES}
+    trees = {name: kernel_batch(core, from_kernels[f"{name}/two-reductions"], cases[name][1]) for name in NAMES}
     tied = repeated = 0
     for tree in trees.values():
         for b in range(tree.num_nodes.shape[0]):
@@ -387,7 +379,7 @@ def test_the_kernels_answered_every_case(from_kernels: dict, core: ModuleType, m
     """The child's trees came from the interpreted kernels, not from the torch code beside them: the
     dispatch the version looks up (a split core's in its tree's and builder's modules) was reached."""
     calls = from_kernels["calls"]
-    assert calls["build"] == len(NAMES) + (0 if spec in SORTED_FRONTIER else len(ONE_REDUCTION))
+    assert calls["build"] == len(NAMES) + len(ONE_REDUCTION)
     has_top_k = "_ddtree_key64_tokens" in core.build_ddtree_tree.__globals__  # rc.16 on
     assert calls["top_k"] >= (len(top_k_cases(make_logits)) + calls["build"] if has_top_k else 0)
     has_log_probs = "_ddtree_triton_log_probs" in core.build_ddtree_tree.__globals__  # rc.20 on
@@ -541,11 +533,8 @@ def _build_with_kernels(work: Path) -> None:
                 if states:  # the flag word of the tail, which starts halfway through the state
                     state = states.pop()
                     trees[f"top_k_flags/{name}"] = state[:, state.shape[1] // 2 + top_k_kernel._DDTREE_FLAG_WORD.value]
-    pops = {"default": (NAMES, {})}  # the launcher's own way: up to rc.37, two reductions under the interpreter
-    if "one_reduction" in inspect.signature(kernel.build_ddtree_trees_triton).parameters:  # rc.3 to rc.37
-        pops["one-reduction"] = (ONE_REDUCTION, {"one_reduction": True})
-    for pop, (names, options) in pops.items():
-        builder = functools.partial(kernel.build_ddtree_trees_triton, **options)
+    for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
+        builder = functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction")
         builder_home._ddtree_triton_builder = lambda device, builder=builder: counted("build", builder)
         for name in names:
             tree = utils.build_ddtree_batch(*cases[name])
