@@ -292,7 +292,7 @@ def graphed_columns(
     for build, width in timings:
         replay = graph_replay(build, logits, budget)
         graph_s = timed(replay, logits.device, repeats) if replay is not None else math.nan
-        cells.append(f" {graph_s * 1e3:>9.2f}" + (f" {heap_s / graph_s:>{width}.1f}" if width else ""))
+        cells.append(f" {graph_s * 1e3:>9.3f}" + (f" {heap_s / graph_s:>{width}.2f}" if width else ""))
     return "".join(cells)
 
 
@@ -336,7 +336,7 @@ def main() -> None:
             batch_s = timed(functools.partial(dd.build_ddtree_batch, logits, budget), device, args.repeats)
             if cuda:
                 torch.cuda.set_sync_debug_mode("default")
-            line = f"{bs:>3} {budget:>6} {heap_s * 1e3:>9.2f} {batch_s * 1e3:>9.2f} {heap_s / batch_s:>10.1f}"
+            line = f"{bs:>3} {budget:>6} {heap_s * 1e3:>9.3f} {batch_s * 1e3:>9.3f} {heap_s / batch_s:>10.2f}"
             if builders is not None:
                 line += graphed_columns(dd, builders, args.warps, logits, budget, heap_s, args.repeats)
             print(line, flush=True)
