@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 # Each version, and whether its kernels let the next launch start early.
-SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False}
+SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False, "ddtree@0.3.0-rc.39": False}
 KERNELS = "sglang/kernels/ops/speculative"
 MODULES = ("ddtree_launch", "ddtree_top_k", "ddtree_build")  # the launch module first: the others import it
 # The build's kernels (module, attribute, constexprs, warps) with a server's constexprs at budget 512, batch 1:
