@@ -69,8 +69,10 @@ def dependent_launches(launch: ModuleType, top_k_kernel: ModuleType, build_kerne
     alone = {f"{label} alone": TOP_K_LAUNCHES[label] for label in ("lse", "log_probs")}
     with (mock.patch.object(top_k_kernel, "ddtree_dependent_launch", lambda device: capable),
           mock.patch.object(build_kernel, "ddtree_dependent_launch", lambda device: capable)):
+        # rc.40 on: the pop program writes the visibility rows itself, so there is no visibility launch.
+        build_launches = {label: name for label, name in BUILD_LAUNCHES.items() if hasattr(build_kernel, name)}
         with (recorded(top_k_kernel, TOP_K_LAUNCHES, options, strip=True) as top_k_seen,
-              recorded(build_kernel, BUILD_LAUNCHES, options, strip=True) as build_seen):
+              recorded(build_kernel, build_launches, options, strip=True) as build_seen):
             log_probs, tokens = top_k_kernel.ddtree_top_k_triton(draft_logits=logits, k=k)
             build_kernel.build_ddtree_trees_triton(log_probs=log_probs, top_tokens=tokens, budget=k)
         with recorded(top_k_kernel, alone, options, strip=True) as alone_seen:

@@ -48,7 +48,7 @@ SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtre
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
          "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32",
          "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34", "ddtree@0.3.0-rc.35", "ddtree@0.3.0-rc.36",
-         "ddtree@0.3.0-rc.37", "ddtree@0.3.0-rc.39"]
+         "ddtree@0.3.0-rc.37", "ddtree@0.3.0-rc.39", "ddtree@0.3.0-rc.40"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
@@ -65,6 +65,8 @@ REGISTER_CAPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.34"):])
 # launch), and those whose answer is no under Triton's interpreter whatever the device (rc.37 on).
 DEPENDENT_LAUNCH = set(SPECS[SPECS.index("ddtree@0.3.0-rc.36"):])
 NO_PDL_UNDER_INTERPRETER = set(SPECS[SPECS.index("ddtree@0.3.0-rc.37"):])
+# The versions whose pop program writes the visibility rows itself, with no launch of its own (rc.40 on).
+VISIBILITY_IN_POP = set(SPECS[SPECS.index("ddtree@0.3.0-rc.40"):])
 CHUNK_RULE_ROWS = (15, 27, 28, 120, 138, 139)  # each side of both versions' last row count for 2,048-entry chunks
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
@@ -299,11 +301,11 @@ def test_the_top_k_launches_carry_their_register_caps(from_kernels: dict, spec: 
 
 
 def test_the_build_launches_carry_dependent_launch_where_the_gpu_takes_it(from_kernels: dict, spec: str) -> None:
-    """rc.36 on: every launch of the build (the top-K's seven, the pop loop, the visibility kernel) and the log-probs'
-    two when they run alone carry ``ddtree_dependent_launch``'s options: USE_GDC (the kernel's wait for the launch
-    before it) and Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, none on an older
-    GPU or on the CPU, and from rc.37 none under Triton's interpreter, which cannot run the wait's PTX. The child
-    records each launch's options, then runs it without them (the wait's place in each kernel is
+    """rc.36 on: every launch of the build (the top-K's seven, the pop loop, the visibility kernel until rc.39) and
+    the log-probs' two when they run alone carry ``ddtree_dependent_launch``'s options: USE_GDC (the kernel's wait for
+    the launch before it) and Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, none on
+    an older GPU or on the CPU, and from rc.37 none under Triton's interpreter, which cannot run the wait's PTX. The
+    child records each launch's options, then runs it without them (the wait's place in each kernel is
     ``test_dependent_launch``'s)."""
     if spec not in DEPENDENT_LAUNCH:
         assert "dependent_launches" not in from_kernels
@@ -311,9 +313,10 @@ def test_the_build_launches_carry_dependent_launch_where_the_gpu_takes_it(from_k
     on = {"USE_GDC": True, "launch_pdl": True}
     assert from_kernels["dependent_options"] == {"cuda, sm_90 on": on, "cuda, older": {}, "cpu": {},
                                                  "cuda, interpreter": {} if spec in NO_PDL_UNDER_INTERPRETER else on}
+    build = ("pop",) if spec in VISIBILITY_IN_POP else ("pop", "visibility")
     assert from_kernels["dependent_launches"] == dict.fromkeys(
-        ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order", "pop", "visibility", "lse alone",
-         "log_probs alone"), on)
+        ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order", *build, "lse alone", "log_probs alone"),
+        on)
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -478,6 +481,24 @@ def _radix_states(top_k_kernel: ModuleType) -> Iterator[list[torch.Tensor]]:
         yield states
 
 
+def _on_garbage(build: Callable[..., Any]) -> Callable[..., Any]:
+    """``build`` with every tensor it allocates by ``torch.empty`` filled with garbage first (True, 0x5A or NaN),
+    so that an output element the kernels leave unwritten shows (rc.40's pop program zeroes the visibility rows in
+    its loop; on the CPU, ``torch.empty`` often hands out fresh pages, which are zero)."""
+    real_empty = torch.empty
+
+    def garbage(*args: Any, **kwargs: Any) -> torch.Tensor:
+        tensor = real_empty(*args, **kwargs)
+        if tensor.dtype == torch.bool:
+            return tensor.fill_(True)
+        return tensor.fill_(float("nan") if tensor.is_floating_point() else 0x5A)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with mock.patch.object(torch, "empty", garbage):
+            return build(*args, **kwargs)
+    return call
+
+
 def _build_with_kernels(work: Path) -> None:
     """The version's build_ddtree_batch with its CUDA dispatch pointed at the interpreted kernels (rc.16 on:
     its Triton top-K too), and that top-K alone on ``top_k_cases``."""
@@ -534,7 +555,7 @@ def _build_with_kernels(work: Path) -> None:
                     state = states.pop()
                     trees[f"top_k_flags/{name}"] = state[:, state.shape[1] // 2 + top_k_kernel._DDTREE_FLAG_WORD.value]
     for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
-        builder = functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction")
+        builder = _on_garbage(functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction"))
         builder_home._ddtree_triton_builder = lambda device, builder=builder: counted("build", builder)
         for name in names:
             tree = utils.build_ddtree_batch(*cases[name])
