@@ -24,7 +24,7 @@ import pytest
 SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False, "ddtree@0.3.0-rc.39": False,
          "ddtree@0.3.0-rc.40": False}
 # The versions whose pop program writes the visibility rows itself, with no visibility launch (rc.40 on).
-VISIBILITY_IN_POP = {"ddtree@0.3.0-rc.40"}
+VISIBILITY_IN_POP = set(list(SPECS)[list(SPECS).index("ddtree@0.3.0-rc.40"):])
 KERNELS = "sglang/kernels/ops/speculative"
 MODULES = ("ddtree_launch", "ddtree_top_k", "ddtree_build")  # the launch module first: the others import it
 # The build's kernels (module, attribute, constexprs, warps) with a server's constexprs at budget 512, batch 1:
