@@ -48,7 +48,7 @@ SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtre
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
          "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32",
          "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34", "ddtree@0.3.0-rc.35", "ddtree@0.3.0-rc.36",
-         "ddtree@0.3.0-rc.37", "ddtree@0.3.0-rc.39", "ddtree@0.3.0-rc.40"]
+         "ddtree@0.3.0-rc.37", "ddtree@0.3.0-rc.39", "ddtree@0.3.0-rc.40", "ddtree@0.3.0-rc.41"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
@@ -67,6 +67,9 @@ DEPENDENT_LAUNCH = set(SPECS[SPECS.index("ddtree@0.3.0-rc.36"):])
 NO_PDL_UNDER_INTERPRETER = set(SPECS[SPECS.index("ddtree@0.3.0-rc.37"):])
 # The versions whose pop program writes the visibility rows itself, with no launch of its own (rc.40 on).
 VISIBILITY_IN_POP = set(SPECS[SPECS.index("ddtree@0.3.0-rc.40"):])
+# The versions whose top-K selects over the logits' own bits, then collects the entries at or above the k-th logit's
+# log-prob (rc.41 on: no log-probs launch, and a row over its candidates' room takes the split).
+LOGIT_RADIX = set(SPECS[SPECS.index("ddtree@0.3.0-rc.41"):])
 CHUNK_RULE_ROWS = (15, 27, 28, 120, 138, 139)  # each side of both versions' last row count for 2,048-entry chunks
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
@@ -220,8 +223,9 @@ def assert_the_key_top_k(core: ModuleType, got: tuple[torch.Tensor, torch.Tensor
 
 def test_the_fused_log_probs_are_the_torch_path(core: ModuleType, from_kernels: dict, make_logits: MakeLogits) -> None:
     """rc.20's interpreted log-probs kernels give the CPU's float64 path bit for bit, images included,
-    a fully masked (NaN) row too; and torch's float32 ``log_softmax`` is within two units in the last
-    place of them (its float32 sum rounds; on these rows it is off by two at most). Versions before rc.20
+    a fully masked (NaN) row too; and torch's float32 ``log_softmax`` is within eight units in the last
+    place of them (its float32 sum rounds, in an order that depends on the host's vectors: on these rows torch
+    2.13 was off by two at most on earlier hosts, by five on an AMD EPYC with AVX2). Versions before rc.20
     have no such kernels."""
     if "_ddtree_triton_log_probs" not in core.build_ddtree_tree.__globals__:
         assert not any(key.startswith("log_probs/") for key in from_kernels)
@@ -235,20 +239,26 @@ def test_the_fused_log_probs_are_the_torch_path(core: ModuleType, from_kernels: 
         finite = log_probs.isfinite()
         torch_bits = torch.log_softmax(logits.float(), dim=-1)[finite].view(torch.int32).long()
         ulps.append((log_probs[finite].view(torch.int32).long() - torch_bits).abs().max())
-    assert max(ulps) <= 2
+    assert max(ulps) <= 8
 
 
 def test_the_top_k_cases_take_both_ways(from_kernels: dict, spec: str) -> None:
     """rc.28 on: the top-K cases finish some rows from their candidates and send others through the later
-    passes and the split, so the equality above holds for both ways. The near-ties rows must fall back:
-    their 600 entries share the cut's 16 high bits, more than the 512 candidates k = 200 allows."""
+    passes and the split, so the equality above holds for both ways. To rc.40 the near-ties rows must fall
+    back: their 600 entries share the cut's 16 high bits, more than the 512 candidates k = 200 allows. From
+    rc.41 the candidates are the entries at or above the k-th logit's log-prob: the near-ties rows' fit, and
+    the fully masked row (every log-prob NaN, tied) and the integer rows (five values) outgrow theirs."""
     flags = {key.split("/", 1)[1]: value for key, value in from_kernels.items() if key.startswith("top_k_flags/")}
     if spec not in TOP_K_CANDIDATES:
         assert not flags
         return
     every = torch.cat([value.flatten() for value in flags.values()])
     assert (every == 1).any() and (every == 0).any(), flags
-    assert flags["near-ties-k200"].tolist() == [0, 0]
+    if spec in LOGIT_RADIX:
+        assert flags["near-ties-k200"].tolist() == [1, 1] and flags["masked-k33"].tolist()[-1] == 0, flags
+        assert flags["integer-k60"].tolist() == [0, 0, 0, 0], flags
+    else:
+        assert flags["near-ties-k200"].tolist() == [0, 0]
 
 
 def test_the_order_kernels_warps_grow_with_its_sort(from_kernels: dict, spec: str) -> None:
@@ -286,22 +296,28 @@ def test_the_top_k_launches_carry_their_register_caps(from_kernels: dict, spec: 
     """rc.34 on: the launches over the vocabulary carry the register cap of their chunk, 56 a thread at 2,048
     entries and 96 at 4,096 (under which batch 1's grid fits an H100's SMs at once; ptxas's counts in rc.34's
     docstring): rc.34 every one of them, rc.35 on only those every row takes (the logsumexp's parts, the
-    log-probs, the first two counts), not the last count pass and the split; the sort never; none on ROCm,
-    whose Triton refuses the option. The interpreter ignores the cap, so the child records each launch's."""
+    log-probs, the first two counts; from rc.41 the radix passes and the collect), not the last count pass and
+    the split; the sort never; none on ROCm, whose Triton refuses the option. The interpreter ignores the cap,
+    so the child records each launch's."""
     if spec not in REGISTER_CAPS:
         assert "launch_caps" not in from_kernels
         return
     every_launch = spec == "ddtree@0.3.0-rc.34"
     for chunk, cap in ((2048, 56), (4096, 96)):
         launches = from_kernels["launch_caps"][chunk]
-        capped = {"lse", "log_probs", "count 1", "count 2"} | ({"count 3", "split"} if every_launch else set())
+        if spec in LOGIT_RADIX:  # bfloat16 logits: two radix passes, then the collect, all capped
+            capped, names = {"lse", "count 0", "count 1", "collect"}, ("lse", "count 0", "count 1", "collect")
+        else:
+            capped = {"lse", "log_probs", "count 1", "count 2"} | ({"count 3", "split"} if every_launch else set())
+            names = ("lse", "log_probs", "count 1", "count 2", "count 3")
         assert launches == {name: {"maxnreg": cap} if name in capped else {}
-                            for name in ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order")}, chunk
+                            for name in (*names, "split", "order")}, chunk
     assert all(options == {} for options in from_kernels["launch_caps"]["rocm"].values())
 
 
 def test_the_build_launches_carry_dependent_launch_where_the_gpu_takes_it(from_kernels: dict, spec: str) -> None:
-    """rc.36 on: every launch of the build (the top-K's seven, the pop loop, the visibility kernel until rc.39) and
+    """rc.36 on: every launch of the build (the top-K's seven, six from rc.41 for bfloat16 logits; the pop loop; the
+    visibility kernel until rc.39) and
     the log-probs' two when they run alone carry ``ddtree_dependent_launch``'s options: USE_GDC (the kernel's wait for
     the launch before it) and Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, none on
     an older GPU or on the CPU, and from rc.37 none under Triton's interpreter, which cannot run the wait's PTX. The
@@ -314,9 +330,10 @@ def test_the_build_launches_carry_dependent_launch_where_the_gpu_takes_it(from_k
     assert from_kernels["dependent_options"] == {"cuda, sm_90 on": on, "cuda, older": {}, "cpu": {},
                                                  "cuda, interpreter": {} if spec in NO_PDL_UNDER_INTERPRETER else on}
     build = ("pop",) if spec in VISIBILITY_IN_POP else ("pop", "visibility")
+    top_k = (("lse", "count 0", "count 1", "collect") if spec in LOGIT_RADIX
+             else ("lse", "log_probs", "count 1", "count 2", "count 3"))
     assert from_kernels["dependent_launches"] == dict.fromkeys(
-        ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order", *build, "lse alone", "log_probs alone"),
-        on)
+        (*top_k, "split", "order", *build, "lse alone", "log_probs alone"), on)
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -462,11 +479,11 @@ def _adversarial_select(real_topk: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def _radix_states(top_k_kernel: ModuleType) -> Iterator[list[torch.Tensor]]:
-    """rc.28 on: every radix state the top-K allocates inside the block, kept to read its rows' flags
-    after each call."""
+    """rc.28 on: every radix state the top-K allocates inside the block, kept to read its rows' flags (from rc.41
+    their candidates' count) after each call."""
     states: list[torch.Tensor] = []
     words = getattr(top_k_kernel, "_DDTREE_RADIX_STATE", None)
-    if words is None or not hasattr(top_k_kernel, "_DDTREE_FLAG_WORD"):
+    if words is None or not hasattr(top_k_kernel, "_DDTREE_COUNT_WORD"):
         yield states
         return
     real_empty = torch.empty
@@ -497,6 +514,16 @@ def _on_garbage(build: Callable[..., Any]) -> Callable[..., Any]:
         with mock.patch.object(torch, "empty", garbage):
             return build(*args, **kwargs)
     return call
+
+
+def _finished_from_candidates(top_k_kernel: ModuleType, state: torch.Tensor, k: int) -> torch.Tensor:
+    """1 where a row of the radix ``state`` finished from its candidates, else 0: its flag word to rc.40, from rc.41
+    whether its candidates' count fits their CAP = 2 * next_pow2(k) keys."""
+    tail = state[:, state.shape[1] // 2:]
+    if hasattr(top_k_kernel, "_DDTREE_FLAG_WORD"):
+        return tail[:, top_k_kernel._DDTREE_FLAG_WORD.value]
+    cap = 2 * (1 << (k - 1).bit_length())
+    return (tail[:, top_k_kernel._DDTREE_COUNT_WORD.value] <= cap).to(torch.int32)
 
 
 def _build_with_kernels(work: Path) -> None:
@@ -551,9 +578,8 @@ def _build_with_kernels(work: Path) -> None:
         with _radix_states(top_k_kernel) as states:
             for name, (logits, k) in cases["top_k"].items():
                 trees[f"top_k/{name}"] = top_k_home._ddtree_top_k(logits, k)
-                if states:  # the flag word of the tail, which starts halfway through the state
-                    state = states.pop()
-                    trees[f"top_k_flags/{name}"] = state[:, state.shape[1] // 2 + top_k_kernel._DDTREE_FLAG_WORD.value]
+                if states:  # the tail starts halfway through the state
+                    trees[f"top_k_flags/{name}"] = _finished_from_candidates(top_k_kernel, states.pop(), k)
     for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
         builder = _on_garbage(functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction"))
         builder_home._ddtree_triton_builder = lambda device, builder=builder: counted("build", builder)
