@@ -3,14 +3,14 @@ best-first heap on the host, at L = 15, V = 151936, budgets 16..1024, batch 1 an
 the fused Triton builder (the top-K, then ``ddtree_build.py``'s one program per request running the
 pop loop), which ``build_ddtree_batch`` runs on CUDA from overlay 0.3.0-rc.3 on: the previous
 (``PREVIOUS``, rc.16: torch's log-softmax, its Triton 32-bit top-K with its ties repaired, one pop per
-reduction of the frontier) and the newest (``NEWEST``, rc.41: a radix-select top-K in ``ddtree_top_k.py``
-over the logits' own bits, each pass's cut picked once per row, then the entries at or above the k-th
-logit's log-prob collected for the sort, the sort's warps by its width, 2,048-entry chunks through batch 9,
+reduction of the frontier) and the newest (``NEWEST``, rc.39: Triton log-probs and a radix-select top-K
+in ``ddtree_top_k.py`` from the logits, each pass's cut picked once per row, a row with few candidates
+after two passes finished from them, the sort's warps by its width, 2,048-entry chunks through batch 9,
 the registers of the launches every row takes capped by the chunk, each launch waiting on the one before;
 two pops per reduction of a frontier of int32 keys after the log-prob table is read into L1, the
 reduction's comparisons made before its choices, the frontier's width doubling as the nodes fill it, the
-tokens gathered after the loop, and the visibility rows written by the same program) side by side, and the
-newest kernel at each ``--warps`` count.
+tokens gathered after the loop, the visibility written a byte per ancestor) side by side, and the newest
+kernel at each ``--warps`` count.
 
 The heap baseline is written here, from the spec (DDTREE.md), the way public ports do it:
 log-softmax and top-K on the device, one copy to the host, a Python heap per request, then the
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 OVERLAYS = Path(__file__).resolve().parents[1] / "overlays/ddtree"
 DDTREE_UTILS = OVERLAYS / "0.1.0/files/sglang/srt/speculative/ddtree_utils.py"
 PREVIOUS = "ddtree@0.3.0-rc.16"  # one pop per reduction (rc.17 and rc.18 run its kernel and top-K)
-NEWEST = "ddtree@0.3.0-rc.41"  # rc.40 (the visibility in the pop program) with the top-K over the logits' bits
+NEWEST = "ddtree@0.3.0-rc.39"  # rc.37 whose pop loop's reduction compares before it chooses
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
 LAUNCH = "sglang/kernels/ops/speculative/ddtree_launch.py"  # rc.36 on: the kernels' dependent launch options

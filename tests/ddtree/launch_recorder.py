@@ -15,23 +15,20 @@ from unittest import mock
 import torch
 
 TOP_K_LAUNCHES = {"lse": "_ddtree_lse_parts_kernel", "log_probs": "_ddtree_log_probs_kernel",
-                  "count": "_ddtree_radix_count_kernel", "collect": "_ddtree_collect_kernel",  # collect: rc.41 on
-                  "split": "_ddtree_split_ids_kernel", "order": "_ddtree_top_k_order_kernel"}
+                  "count": "_ddtree_radix_count_kernel", "split": "_ddtree_split_ids_kernel",
+                  "order": "_ddtree_top_k_order_kernel"}
 BUILD_LAUNCHES = {"pop": "_ddtree_build_kernel", "visibility": "_ddtree_visibility_kernel"}
 
 
 @contextlib.contextmanager
 def recorded(module: ModuleType, kernels: dict[str, str], options: tuple[str, ...], *,
               strip: bool = False) -> Iterator[dict[str, dict[str, Any]]]:
-    """Each launch of ``module``'s ``kernels`` (label: attribute; those the version lacks left out) records which of
-    ``options`` it carries, under its label (a count pass's with its PASS); with ``strip``, it then runs without
-    them."""
+    """Each launch of ``module``'s ``kernels`` (label: attribute) records which of ``options`` it carries, under
+    its label (a count pass's with its PASS); with ``strip``, it then runs without them."""
     seen: dict[str, dict[str, Any]] = {}
     with contextlib.ExitStack() as stack:
         for label, attribute in kernels.items():
-            kernel = getattr(module, attribute, None)
-            if kernel is None:  # a kernel of other versions
-                continue
+            kernel = getattr(module, attribute)
 
             def run(*args: Any, label: str = label, real: Callable[..., Any] = kernel.run, **kwargs: Any) -> Any:
                 seen[label + (f" {kwargs['PASS']}" if "PASS" in kwargs else "")] = {
@@ -72,7 +69,6 @@ def dependent_launches(launch: ModuleType, top_k_kernel: ModuleType, build_kerne
     alone = {f"{label} alone": TOP_K_LAUNCHES[label] for label in ("lse", "log_probs")}
     with (mock.patch.object(top_k_kernel, "ddtree_dependent_launch", lambda device: capable),
           mock.patch.object(build_kernel, "ddtree_dependent_launch", lambda device: capable)):
-        # rc.40 on: the pop program writes the visibility rows itself, so there is no visibility launch.
         with (recorded(top_k_kernel, TOP_K_LAUNCHES, options, strip=True) as top_k_seen,
               recorded(build_kernel, BUILD_LAUNCHES, options, strip=True) as build_seen):
             log_probs, tokens = top_k_kernel.ddtree_top_k_triton(draft_logits=logits, k=k)

@@ -1,9 +1,8 @@
 """Overlay ddtree 0.3.0-rc.36's and rc.37's programmatic dependent launch, in the PTX an H100 or H200 runs: each
 kernel of the tree build, compiled here for sm_90 with Triton's own backend (no GPU needed), waits for the launch
 before it (``griddepcontrol.wait``) before its first load, store or atomic of global memory; rc.36's then lets the
-next launch start (``griddepcontrol.launch_dependents``), rc.37's and later ones' do not (the next starts as its
-programs exit); without USE_GDC neither instruction is there. rc.40 has no visibility launch (its pop program writes
-the rows). A read before the wait would see the previous kernel's memory half
+next launch start (``griddepcontrol.launch_dependents``), rc.37's does not (the next starts as its programs exit);
+without USE_GDC neither instruction is there. A read before the wait would see the previous kernel's memory half
 written, a race no interpreter test can show. The launches' options are ``test_tree_build_triton``'s to check.
 
 The kernels compile in a child process, so that the stand-in ``sglang`` modules they import stay out of this one.
@@ -22,20 +21,14 @@ from typing import Any
 import pytest
 
 # Each version, and whether its kernels let the next launch start early.
-SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False, "ddtree@0.3.0-rc.39": False,
-         "ddtree@0.3.0-rc.40": False, "ddtree@0.3.0-rc.41": False}
-# The versions whose pop program writes the visibility rows itself, with no visibility launch (rc.40 on).
-VISIBILITY_IN_POP = set(list(SPECS)[list(SPECS).index("ddtree@0.3.0-rc.40"):])
-# The versions whose top-K selects over the logits' own bits (rc.41 on: radix passes over bfloat16 logits, then the
-# collect; no log-probs launch).
-LOGIT_RADIX = set(list(SPECS)[list(SPECS).index("ddtree@0.3.0-rc.41"):])
+SPECS = {"ddtree@0.3.0-rc.36": True, "ddtree@0.3.0-rc.37": False, "ddtree@0.3.0-rc.39": False}
 KERNELS = "sglang/kernels/ops/speculative"
 MODULES = ("ddtree_launch", "ddtree_top_k", "ddtree_build")  # the launch module first: the others import it
 # The build's kernels (module, attribute, constexprs, warps) with a server's constexprs at budget 512, batch 1:
-# 2,048-entry chunks of 151,936 bfloat16 entries (75 chunks), k = 512 (CAP 1,024), three phases of the pop loop's
-# frontier, 8 visibility rows a program; then the log-probs' two as they run alone. (No alignment hints or register
-# cap: neither moves the wait.) A constexpr a version's kernel does not take is left out.
-TOP_K_TO_RC40 = {
+# 2,048-entry chunks of 151,936 entries (75 chunks), k = 512 (CAP 1,024), three phases of the pop loop's frontier, 8
+# visibility rows a program; then the log-probs' two as they run alone. (No alignment hints or register cap: neither
+# moves the wait.)
+LAUNCHES = {
     "lse": ("ddtree_top_k", "_ddtree_lse_parts_kernel", {"BLOCK": 2048, "STATE": 2048}, 4),
     "log_probs": ("ddtree_top_k", "_ddtree_log_probs_kernel", {"BLOCK": 2048, "CP2": 128, "TOP_K_BITS": 8}, 4),
     **{f"count {step}": ("ddtree_top_k", "_ddtree_radix_count_kernel",
@@ -43,25 +36,12 @@ TOP_K_TO_RC40 = {
        for step in (1, 2, 3)},
     "split": ("ddtree_top_k", "_ddtree_split_ids_kernel", {"BLOCK": 2048, "CP2": 128, "BITS": 8}, 4),
     "order": ("ddtree_top_k", "_ddtree_top_k_order_kernel", {"BITS": 8, "CAP": 1024}, 8),
-}
-WIDE = {"BLOCK": 2048, "CP2": 128, "BITS": 8, "WIDTH": 16, "CAP": 1024}  # rc.41's collect and split
-TOP_K_FROM_RC41 = {
-    "lse": TOP_K_TO_RC40["lse"],
-    **{f"count {step}": ("ddtree_top_k", "_ddtree_radix_count_kernel",
-                         {"PASS": step, "BLOCK": 2048, "BITS": 8, "WIDTH": 16}, 4) for step in (0, 1)},
-    "collect": ("ddtree_top_k", "_ddtree_collect_kernel", WIDE, 4),
-    "split": ("ddtree_top_k", "_ddtree_split_ids_kernel", WIDE, 4),
-    "order": ("ddtree_top_k", "_ddtree_top_k_order_kernel", {"CP2": 128, "BITS": 8, "CAP": 1024}, 8),
-}
-BUILD_AND_ALONE = {
     "pop": ("ddtree_build", "_ddtree_build_kernel",
             {"FIRST_SLOTS": 128, "PHASES": 3, "SLOT_BITS": 16, "DEPTH_BITS": 8, "ONE_REDUCTION": True}, 4),
-    "visibility": ("ddtree_build", "_ddtree_visibility_kernel", {"ROWS": 8, "COLS": 1024}, 4),  # to rc.39
+    "visibility": ("ddtree_build", "_ddtree_visibility_kernel", {"ROWS": 8, "COLS": 1024}, 4),
     "lse alone": ("ddtree_top_k", "_ddtree_lse_parts_kernel", {"BLOCK": 2048, "STATE": 0}, 4),
     "log_probs alone": ("ddtree_top_k", "_ddtree_log_probs_kernel", {"BLOCK": 2048, "CP2": 128, "TOP_K_BITS": 0}, 4),
 }
-# The pop program's own constexprs for the visibility rows (rc.40 on), at budget 512.
-POP_VISIBILITY = {"ZERO_CHUNK": 256, "ROWS": 1024}
 POINTERS = {"logits_ptr": "*bf16", "parts_ptr": "*fp64", "radix_ptr": "*i32", "log_probs_ptr": "*fp32",
             "ordered_ptr": "*i32", "suffix_ptr": "*i32", "above_ptr": "*i32", "keys_ptr": "*i64", "tokens_ptr": "*i64",
             "out_log_probs_ptr": "*fp32", "out_tokens_ptr": "*i64", "top_tokens_ptr": "*i64", "depths_ptr": "*i64",
@@ -82,14 +62,11 @@ def test_every_build_kernel_waits_before_it_touches_memory(tmp_path: Path, spec:
         (tmp_path / f"{module}.py").write_bytes(overlay.content_of(f"{KERNELS}/{module}.py", None))
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")  # not the user's ~/.triton
-    child = subprocess.run([sys.executable, __file__, str(tmp_path), spec], env=env, capture_output=True, text=True,
+    child = subprocess.run([sys.executable, __file__, str(tmp_path)], env=env, capture_output=True, text=True,
                            timeout=600)
     assert child.returncode == 0, child.stderr[-4000:]
     found = json.loads(child.stdout)
-    launches = {label: launch for label, launch in launches_of(spec).items()
-                if not (label == "visibility" and spec in VISIBILITY_IN_POP)}
-    assert sorted(found["on"]) == sorted(launches)
-    assert found["kernels"] == dict.fromkeys(sorted({attribute for _, attribute, _, _ in launches.values()}), True)
+    assert found["kernels"] == dict.fromkeys(sorted({attribute for _, attribute, _, _ in LAUNCHES.values()}), True)
     for label, places in found["on"].items():
         assert -1 < places["wait"] < places["memory"], (label, places)
         assert (places["launch"] > -1) == SPECS[spec], (label, places)
@@ -113,22 +90,7 @@ def _ptx(kernel: Any, constants: dict[str, Any], warps: int) -> str:
     return hopper_ptx(kernel, signature, constants, warps)
 
 
-def _kernel_and_constants(modules: dict[str, Any], launch: tuple[str, str, dict[str, Any], int],
-                          use_gdc: bool) -> tuple[Any, dict[str, Any]]:
-    """A launch's kernel and those of its constexprs the kernel takes, USE_GDC and (rc.40 on) the pop program's
-    visibility ones included."""
-    module, attribute, constants, _ = launch
-    kernel = getattr(modules[module], attribute)
-    taken = {name: value for name, value in {**POP_VISIBILITY, **constants}.items() if name in kernel.arg_names}
-    return kernel, {**taken, "USE_GDC": use_gdc}
-
-
-def launches_of(spec: str) -> dict[str, tuple[str, str, dict[str, Any], int]]:
-    """The version's launches: its top-K's, the build's and the log-probs' as they run alone."""
-    return {**(TOP_K_FROM_RC41 if spec in LOGIT_RADIX else TOP_K_TO_RC40), **BUILD_AND_ALONE}
-
-
-def _compile_all(work: Path, spec: str) -> None:
+def _compile_all(work: Path) -> None:
     """Where the wait, the launch of the next and the first global memory access stand in every build kernel's PTX
     with USE_GDC, and in one without; and whether each kernel of the two modules takes USE_GDC."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.ddtree's helpers
@@ -138,13 +100,12 @@ def _compile_all(work: Path, spec: str) -> None:
     modules = {name: load_module(work / f"{name}.py", f"sglang.kernels.ops.speculative.{name}") for name in MODULES}
     kernels = {attribute: "USE_GDC" in value.arg_names for name in ("ddtree_top_k", "ddtree_build")
                for attribute, value in sorted(vars(modules[name]).items()) if attribute.endswith("_kernel")}
-    launches = {label: launch for label, launch in launches_of(spec).items() if hasattr(modules[launch[0]], launch[1])}
-    on = {label: _places(_ptx(*_kernel_and_constants(modules, launch, True), launch[3]))
-          for label, launch in launches.items()}
-    last = "visibility" if "visibility" in launches else "pop"  # the build's last launch
-    off = {last: _places(_ptx(*_kernel_and_constants(modules, launches[last], False), launches[last][3]))}
+    on = {label: _places(_ptx(getattr(modules[module], attribute), {**constants, "USE_GDC": True}, warps))
+          for label, (module, attribute, constants, warps) in LAUNCHES.items()}
+    module, attribute, constants, warps = LAUNCHES["visibility"]
+    off = {"visibility": _places(_ptx(getattr(modules[module], attribute), {**constants, "USE_GDC": False}, warps))}
     print(json.dumps({"kernels": kernels, "on": on, "off": off}))
 
 
 if __name__ == "__main__":
-    _compile_all(Path(sys.argv[1]), sys.argv[2])
+    _compile_all(Path(sys.argv[1]))

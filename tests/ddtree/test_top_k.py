@@ -3,8 +3,7 @@
 (-inf) vocabularies and fully masked rows included; on CUDA it takes the Triton 32-bit select (whose
 interpreted kernels tests/ddtree/test_tree_build_triton.py holds to the key); and bench/top_k.py fails
 when the top-K it times differs from the reference, or (rc.20 on) the device's log-probs from the CPU's
-by more than a rounding. rc.41's CUDA dispatch takes the Triton select for 16- and 32-bit logits only (its radix
-keys are the logits' own bits), float64 logits the key."""
+by more than a rounding."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ import torch
 from bench import top_k as bench
 
 RC16 = "ddtree@0.3.0-rc.16"
-RC41 = "ddtree@0.3.0-rc.41"
 FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
 
 
@@ -41,27 +39,6 @@ def test_cuda_takes_the_triton_select_up_to_its_k(dd010: ModuleType, rc16: Modul
     rc16._ddtree_top_k(logits, widest)
     _, tokens = rc16._ddtree_top_k(logits, widest + 1)  # past the kernels' sort: the int64 key
     assert calls == [widest] and torch.equal(tokens, dd010._ddtree_top_k(logits, widest + 1)[1])
-
-
-def test_rc41_takes_the_triton_select_for_16_and_32_bit_logits_only(decode_tool: ModuleType,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    tree = decode_tool.load_overlay_module(RC41, "sglang/srt/speculative/ddtree_tree.py")
-    taken: list[torch.dtype] = []
-
-    def key_top_k(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs, ordered = tree._ddtree_log_probs_and_images(draft_logits)
-        tokens = tree._ddtree_key64_tokens(ordered, k)
-        return log_probs.gather(-1, tokens), tokens
-
-    def fused(*, draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        taken.append(draft_logits.dtype)
-        return key_top_k(draft_logits, k)
-
-    monkeypatch.setattr(tree, "_ddtree_triton_top_k", lambda device: fused)
-    logits = torch.randn(1, 3, 50, generator=torch.Generator().manual_seed(4))
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-        assert bench.same_top_k(key_top_k(logits.to(dtype), 9), tree._ddtree_top_k(logits.to(dtype), 9)), dtype
-    assert taken == [torch.bfloat16, torch.float16, torch.float32]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -35,6 +35,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -48,7 +49,7 @@ SPECS = ["ddtree@0.3.0-rc.3", "ddtree@0.3.0-rc.16", "ddtree@0.3.0-rc.18", "ddtre
          "ddtree@0.3.0-rc.25", "ddtree@0.3.0-rc.26", "ddtree@0.3.0-rc.27", "ddtree@0.3.0-rc.28",
          "ddtree@0.3.0-rc.29", "ddtree@0.3.0-rc.30", "ddtree@0.3.0-rc.31", "ddtree@0.3.0-rc.32",
          "ddtree@0.3.0-rc.33", "ddtree@0.3.0-rc.34", "ddtree@0.3.0-rc.35", "ddtree@0.3.0-rc.36",
-         "ddtree@0.3.0-rc.37", "ddtree@0.3.0-rc.39", "ddtree@0.3.0-rc.40", "ddtree@0.3.0-rc.41"]
+         "ddtree@0.3.0-rc.37", "ddtree@0.3.0-rc.39"]
 # The launcher's bound on the budget: the int64 key's 16-bit fields, from rc.23 the int32 key's positions.
 MAX_BUDGET = {spec: 1 << 15 for spec in SPECS[SPECS.index("ddtree@0.3.0-rc.23"):]}
 # The versions whose Triton top-K takes the logits (makes its own images) rather than the log-probs kernels'.
@@ -65,11 +66,6 @@ REGISTER_CAPS = set(SPECS[SPECS.index("ddtree@0.3.0-rc.34"):])
 # launch), and those whose answer is no under Triton's interpreter whatever the device (rc.37 on).
 DEPENDENT_LAUNCH = set(SPECS[SPECS.index("ddtree@0.3.0-rc.36"):])
 NO_PDL_UNDER_INTERPRETER = set(SPECS[SPECS.index("ddtree@0.3.0-rc.37"):])
-# The versions whose pop program writes the visibility rows itself, with no launch of its own (rc.40 on).
-VISIBILITY_IN_POP = set(SPECS[SPECS.index("ddtree@0.3.0-rc.40"):])
-# The versions whose top-K selects over the logits' own bits, then collects the entries at or above the k-th logit's
-# log-prob (rc.41 on: no log-probs launch, and a row over its candidates' room takes the split).
-LOGIT_RADIX = set(SPECS[SPECS.index("ddtree@0.3.0-rc.41"):])
 CHUNK_RULE_ROWS = (15, 27, 28, 120, 138, 139)  # each side of both versions' last row count for 2,048-entry chunks
 KERNEL = "sglang/kernels/ops/speculative/ddtree_build.py"
 TOP_K_KERNEL = "sglang/kernels/ops/speculative/ddtree_top_k.py"  # rc.21 on: the log-probs and top-K kernels
@@ -106,6 +102,11 @@ NAMES = (
 # The interpreter runs the GPU's one-reduction pop element by element: small trees only.
 ONE_REDUCTION = [n for n in NAMES if int(n.rsplit("-B", 1)[1]) <= 32]
 MakeLogits = Callable[[str, tuple[int, ...], int], torch.Tensor]
+# A version's child takes about 4 minutes of one CPU on a slow host (an AMD EPYC, 2026-12-07); two of them beside the
+# tests may take half as long again. A test waits for its version's child in its fixture, so each test here may take
+# as long as a child may (pytest's own limit is 600 s).
+CHILD_SECONDS = 1500
+pytestmark = pytest.mark.timeout(CHILD_SECONDS)
 
 
 def minus_inf_rows() -> torch.Tensor:
@@ -160,21 +161,52 @@ def cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
 
 
 @pytest.fixture(scope="module")
-def from_kernels(tmp_path_factory: pytest.TempPathFactory, cases: dict[str, tuple[torch.Tensor, int]], spec: str,
-                 make_logits: MakeLogits) -> dict[str, dict]:
-    """Every case built by the interpreted kernels, in one child process; also the launcher's refusals."""
+def children(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             cases: dict[str, tuple[torch.Tensor, int]], make_logits: MakeLogits) -> Iterator[dict[str, Future[dict]]]:
+    """Every selected version's cases built by its interpreted kernels, one child process a version, as many at once
+    as the machine has CPUs (a child runs one thread), in SPECS order: later versions' children run while the tests
+    read the earlier ones' trees. Those still running when the module ends are killed."""
+    selected = {item.callspec.params["spec"] for item in request.session.items
+                if item.path == Path(__file__) and "spec" in getattr(getattr(item, "callspec", None), "params", {})}
+    works = {spec: _child_work(tmp_path_factory.mktemp("triton"), spec, cases, make_logits)
+             for spec in SPECS if spec in selected}
+    started: list[subprocess.Popen[str]] = []
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    try:
+        yield {spec: pool.submit(_run_child, work, started) for spec, work in works.items()}
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for child in started:
+            child.kill()
+
+
+@pytest.fixture(scope="module")
+def from_kernels(children: dict[str, Future[dict]], spec: str) -> dict[str, dict]:
+    """Every case built by the version's interpreted kernels; also the launcher's refusals."""
+    return children[spec].result()
+
+
+def _child_work(work: Path, spec: str, cases: dict[str, tuple[torch.Tensor, int]], make_logits: MakeLogits) -> Path:
+    """``work`` holding what the version's child reads: its kernel and core files, and the cases."""
     from ddtree_deploy.catalog import load_overlay
     from tests.ddtree.conftest import OVERLAYS
 
-    work = tmp_path_factory.mktemp("triton")
     overlay = load_overlay(spec, OVERLAYS)
     for path in (KERNEL, TOP_K_KERNEL, LAUNCH, *CORE):  # the interpreter reads a kernel's source from its file
         if path in overlay.manifest.files:
             (work / Path(path).name).write_bytes(overlay.content_of(path, None))
     torch.save({**cases, "top_k": top_k_cases(make_logits)}, work / "cases.pt")
+    return work
+
+
+def _run_child(work: Path, started: list[subprocess.Popen[str]]) -> dict[str, dict]:
+    """The trees a child builds in ``work`` (it is added to ``started``, so that teardown can kill it)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    child = subprocess.run([sys.executable, __file__, str(work)], env=env, capture_output=True, text=True, timeout=600)
-    assert child.returncode == 0, child.stderr[-4000:]
+    child = subprocess.Popen([sys.executable, __file__, str(work)], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    started.append(child)
+    _, stderr = child.communicate(timeout=CHILD_SECONDS)
+    assert child.returncode == 0, stderr[-4000:]
     return torch.load(work / "trees.pt")
 
 
@@ -244,21 +276,15 @@ def test_the_fused_log_probs_are_the_torch_path(core: ModuleType, from_kernels: 
 
 def test_the_top_k_cases_take_both_ways(from_kernels: dict, spec: str) -> None:
     """rc.28 on: the top-K cases finish some rows from their candidates and send others through the later
-    passes and the split, so the equality above holds for both ways. To rc.40 the near-ties rows must fall
-    back: their 600 entries share the cut's 16 high bits, more than the 512 candidates k = 200 allows. From
-    rc.41 the candidates are the entries at or above the k-th logit's log-prob: the near-ties rows' fit, and
-    the fully masked row (every log-prob NaN, tied) and the integer rows (five values) outgrow theirs."""
+    passes and the split, so the equality above holds for both ways. The near-ties rows must fall back:
+    their 600 entries share the cut's 16 high bits, more than the 512 candidates k = 200 allows."""
     flags = {key.split("/", 1)[1]: value for key, value in from_kernels.items() if key.startswith("top_k_flags/")}
     if spec not in TOP_K_CANDIDATES:
         assert not flags
         return
     every = torch.cat([value.flatten() for value in flags.values()])
     assert (every == 1).any() and (every == 0).any(), flags
-    if spec in LOGIT_RADIX:
-        assert flags["near-ties-k200"].tolist() == [1, 1] and flags["masked-k33"].tolist()[-1] == 0, flags
-        assert flags["integer-k60"].tolist() == [0, 0, 0, 0], flags
-    else:
-        assert flags["near-ties-k200"].tolist() == [0, 0]
+    assert flags["near-ties-k200"].tolist() == [0, 0]
 
 
 def test_the_order_kernels_warps_grow_with_its_sort(from_kernels: dict, spec: str) -> None:
@@ -296,32 +322,26 @@ def test_the_top_k_launches_carry_their_register_caps(from_kernels: dict, spec: 
     """rc.34 on: the launches over the vocabulary carry the register cap of their chunk, 56 a thread at 2,048
     entries and 96 at 4,096 (under which batch 1's grid fits an H100's SMs at once; ptxas's counts in rc.34's
     docstring): rc.34 every one of them, rc.35 on only those every row takes (the logsumexp's parts, the
-    log-probs, the first two counts; from rc.41 the radix passes and the collect), not the last count pass and
-    the split; the sort never; none on ROCm, whose Triton refuses the option. The interpreter ignores the cap,
-    so the child records each launch's."""
+    log-probs, the first two counts), not the last count pass and the split; the sort never; none on ROCm,
+    whose Triton refuses the option. The interpreter ignores the cap, so the child records each launch's."""
     if spec not in REGISTER_CAPS:
         assert "launch_caps" not in from_kernels
         return
     every_launch = spec == "ddtree@0.3.0-rc.34"
     for chunk, cap in ((2048, 56), (4096, 96)):
         launches = from_kernels["launch_caps"][chunk]
-        if spec in LOGIT_RADIX:  # bfloat16 logits: two radix passes, then the collect, all capped
-            capped, names = {"lse", "count 0", "count 1", "collect"}, ("lse", "count 0", "count 1", "collect")
-        else:
-            capped = {"lse", "log_probs", "count 1", "count 2"} | ({"count 3", "split"} if every_launch else set())
-            names = ("lse", "log_probs", "count 1", "count 2", "count 3")
+        capped = {"lse", "log_probs", "count 1", "count 2"} | ({"count 3", "split"} if every_launch else set())
         assert launches == {name: {"maxnreg": cap} if name in capped else {}
-                            for name in (*names, "split", "order")}, chunk
+                            for name in ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order")}, chunk
     assert all(options == {} for options in from_kernels["launch_caps"]["rocm"].values())
 
 
 def test_the_build_launches_carry_dependent_launch_where_the_gpu_takes_it(from_kernels: dict, spec: str) -> None:
-    """rc.36 on: every launch of the build (the top-K's seven, six from rc.41 for bfloat16 logits; the pop loop; the
-    visibility kernel until rc.39) and
-    the log-probs' two when they run alone carry ``ddtree_dependent_launch``'s options: USE_GDC (the kernel's wait for
-    the launch before it) and Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, none on
-    an older GPU or on the CPU, and from rc.37 none under Triton's interpreter, which cannot run the wait's PTX. The
-    child records each launch's options, then runs it without them (the wait's place in each kernel is
+    """rc.36 on: every launch of the build (the top-K's seven, the pop loop, the visibility kernel) and the log-probs'
+    two when they run alone carry ``ddtree_dependent_launch``'s options: USE_GDC (the kernel's wait for the launch
+    before it) and Triton's launch_pdl on a CUDA device SGLang's ``is_arch_support_pdl`` accepts, none on an older
+    GPU or on the CPU, and from rc.37 none under Triton's interpreter, which cannot run the wait's PTX. The child
+    records each launch's options, then runs it without them (the wait's place in each kernel is
     ``test_dependent_launch``'s)."""
     if spec not in DEPENDENT_LAUNCH:
         assert "dependent_launches" not in from_kernels
@@ -329,11 +349,9 @@ def test_the_build_launches_carry_dependent_launch_where_the_gpu_takes_it(from_k
     on = {"USE_GDC": True, "launch_pdl": True}
     assert from_kernels["dependent_options"] == {"cuda, sm_90 on": on, "cuda, older": {}, "cpu": {},
                                                  "cuda, interpreter": {} if spec in NO_PDL_UNDER_INTERPRETER else on}
-    build = ("pop",) if spec in VISIBILITY_IN_POP else ("pop", "visibility")
-    top_k = (("lse", "count 0", "count 1", "collect") if spec in LOGIT_RADIX
-             else ("lse", "log_probs", "count 1", "count 2", "count 3"))
     assert from_kernels["dependent_launches"] == dict.fromkeys(
-        (*top_k, "split", "order", *build, "lse alone", "log_probs alone"), on)
+        ("lse", "log_probs", "count 1", "count 2", "count 3", "split", "order", "pop", "visibility", "lse alone",
+         "log_probs alone"), on)
 
 
 def kernel_batch(core: ModuleType, built: dict, budget: int) -> object:
@@ -479,11 +497,11 @@ def _adversarial_select(real_topk: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def _radix_states(top_k_kernel: ModuleType) -> Iterator[list[torch.Tensor]]:
-    """rc.28 on: every radix state the top-K allocates inside the block, kept to read its rows' flags (from rc.41
-    their candidates' count) after each call."""
+    """rc.28 on: every radix state the top-K allocates inside the block, kept to read its rows' flags
+    after each call."""
     states: list[torch.Tensor] = []
     words = getattr(top_k_kernel, "_DDTREE_RADIX_STATE", None)
-    if words is None or not hasattr(top_k_kernel, "_DDTREE_COUNT_WORD"):
+    if words is None or not hasattr(top_k_kernel, "_DDTREE_FLAG_WORD"):
         yield states
         return
     real_empty = torch.empty
@@ -500,8 +518,8 @@ def _radix_states(top_k_kernel: ModuleType) -> Iterator[list[torch.Tensor]]:
 
 def _on_garbage(build: Callable[..., Any]) -> Callable[..., Any]:
     """``build`` with every tensor it allocates by ``torch.empty`` filled with garbage first (True, 0x5A or NaN),
-    so that an output element the kernels leave unwritten shows (rc.40's pop program zeroes the visibility rows in
-    its loop; on the CPU, ``torch.empty`` often hands out fresh pages, which are zero)."""
+    so that an output element the kernels leave unwritten shows (on the CPU, ``torch.empty`` often hands out fresh
+    pages, which are zero, where a GPU's allocator hands back what an earlier kernel wrote)."""
     real_empty = torch.empty
 
     def garbage(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -514,16 +532,6 @@ def _on_garbage(build: Callable[..., Any]) -> Callable[..., Any]:
         with mock.patch.object(torch, "empty", garbage):
             return build(*args, **kwargs)
     return call
-
-
-def _finished_from_candidates(top_k_kernel: ModuleType, state: torch.Tensor, k: int) -> torch.Tensor:
-    """1 where a row of the radix ``state`` finished from its candidates, else 0: its flag word to rc.40, from rc.41
-    whether its candidates' count fits their CAP = 2 * next_pow2(k) keys."""
-    tail = state[:, state.shape[1] // 2:]
-    if hasattr(top_k_kernel, "_DDTREE_FLAG_WORD"):
-        return tail[:, top_k_kernel._DDTREE_FLAG_WORD.value]
-    cap = 2 * (1 << (k - 1).bit_length())
-    return (tail[:, top_k_kernel._DDTREE_COUNT_WORD.value] <= cap).to(torch.int32)
 
 
 def _build_with_kernels(work: Path) -> None:
@@ -578,8 +586,9 @@ def _build_with_kernels(work: Path) -> None:
         with _radix_states(top_k_kernel) as states:
             for name, (logits, k) in cases["top_k"].items():
                 trees[f"top_k/{name}"] = top_k_home._ddtree_top_k(logits, k)
-                if states:  # the tail starts halfway through the state
-                    trees[f"top_k_flags/{name}"] = _finished_from_candidates(top_k_kernel, states.pop(), k)
+                if states:  # the flag word of the tail, which starts halfway through the state
+                    state = states.pop()
+                    trees[f"top_k_flags/{name}"] = state[:, state.shape[1] // 2 + top_k_kernel._DDTREE_FLAG_WORD.value]
     for pop, names in (("two-reductions", NAMES), ("one-reduction", ONE_REDUCTION)):
         builder = _on_garbage(functools.partial(kernel.build_ddtree_trees_triton, one_reduction=pop == "one-reduction"))
         builder_home._ddtree_triton_builder = lambda device, builder=builder: counted("build", builder)
