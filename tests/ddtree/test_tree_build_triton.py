@@ -20,8 +20,9 @@ the split's launch, whose counter the interpreter's one program at a time counts
 rc.32's (rc.31's edit undone, the sort's warps by its width, which the interpreter does not model).
 
 The interpreter is chosen when a kernel is decorated (``TRITON_INTERPRET=1`` before triton is
-imported), so the kernels run in one child process started with that variable: nothing of it reaches
-this process or other tests, whatever order pytest runs them in. The child builds every case through
+imported), so a version's kernels run in a child process started with that variable: nothing of it reaches
+this process or other tests, whatever order pytest runs them in. The children of the versions run as many at once
+as this process may use CPUs, while the tests read the trees of those done. A child builds every case through
 the version's own ``build_ddtree_batch`` with its CUDA dispatch pointed at the interpreted kernels (the path
 the GPU takes, top-K included) and hands the trees back; the comparisons run here.
 """
@@ -34,6 +35,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -77,7 +79,7 @@ FIELDS = ("tokens", "depths", "parents", "visibility", "scores", "num_nodes")
 FAMILIES = ["sharp", "flat", "bf16", "integer", "masked"]
 
 # (family, bs, L, V, budgets): every tie-heavy family of conftest.py; the interpreter takes a few ms
-# per popped node, so the whole file runs in well under a minute on one core.
+# per popped node, so a version's child takes minutes of one CPU (below).
 CASES = [(family, 2, 7, 60, [1, 5, 16, 64, 150]) for family in FAMILIES] + [
     ("integer", 1, 15, 40, [512, 1024]),  # the serving budgets, on a tie-heavy small vocabulary
     ("bf16", 1, 15, 48, [512]),
@@ -104,7 +106,7 @@ ONE_REDUCTION = [n for n in NAMES if int(n.rsplit("-B", 1)[1]) <= 32]
 MakeLogits = Callable[[str, tuple[int, ...], int], torch.Tensor]
 # A version's child takes about 4 minutes of one CPU on a slow host (an AMD EPYC, 2026-12-07); two of them beside the
 # tests may take half as long again. A test waits for its version's child in its fixture, so each test here may take
-# as long as a child may (pytest's own limit is 600 s).
+# as long as a child may (scripts/test.sh gives pytest's tests 600 s each).
 CHILD_SECONDS = 1500
 pytestmark = pytest.mark.timeout(CHILD_SECONDS)
 
@@ -164,26 +166,35 @@ def cases(make_logits: MakeLogits) -> dict[str, tuple[torch.Tensor, int]]:
 def children(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
              cases: dict[str, tuple[torch.Tensor, int]], make_logits: MakeLogits) -> Iterator[dict[str, Future[dict]]]:
     """Every selected version's cases built by its interpreted kernels, one child process a version, as many at once
-    as the machine has CPUs (a child runs one thread), in SPECS order: later versions' children run while the tests
-    read the earlier ones' trees. Those still running when the module ends are killed."""
+    as this process may use CPUs (a child runs one thread), in SPECS order: later versions' children run while the
+    tests read the earlier ones' trees. When the module ends, those not started never start and those running are
+    killed."""
     selected = {item.callspec.params["spec"] for item in request.session.items
-                if item.path == Path(__file__) and "spec" in getattr(getattr(item, "callspec", None), "params", {})}
+                if getattr(item, "module", None) is request.module and "from_kernels" in item.fixturenames}
     works = {spec: _child_work(tmp_path_factory.mktemp("triton"), spec, cases, make_logits)
              for spec in SPECS if spec in selected}
     started: list[subprocess.Popen[str]] = []
-    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    stopping = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=max(1, min(len(works), _usable_cpus())))
     try:
-        yield {spec: pool.submit(_run_child, work, started) for spec, work in works.items()}
+        yield {spec: pool.submit(_run_child, work, started, stopping) for spec, work in works.items()}
     finally:
+        stopping.set()
         pool.shutdown(wait=False, cancel_futures=True)
-        for child in started:
+        for child in list(started):
             child.kill()
+        pool.shutdown(wait=True)
 
 
 @pytest.fixture(scope="module")
 def from_kernels(children: dict[str, Future[dict]], spec: str) -> dict[str, dict]:
     """Every case built by the version's interpreted kernels; also the launcher's refusals."""
     return children[spec].result()
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, as nproc counts them; the machine's where none is known)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _child_work(work: Path, spec: str, cases: dict[str, tuple[torch.Tensor, int]], make_logits: MakeLogits) -> Path:
@@ -199,13 +210,20 @@ def _child_work(work: Path, spec: str, cases: dict[str, tuple[torch.Tensor, int]
     return work
 
 
-def _run_child(work: Path, started: list[subprocess.Popen[str]]) -> dict[str, dict]:
-    """The trees a child builds in ``work`` (it is added to ``started``, so that teardown can kill it)."""
+def _run_child(work: Path, started: list[subprocess.Popen[str]], stopping: threading.Event) -> dict[str, dict]:
+    """The trees a child builds in ``work`` (it is added to ``started``, so that teardown can kill it; one started
+    as teardown begins kills itself)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen([sys.executable, __file__, str(work)], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     started.append(child)
-    _, stderr = child.communicate(timeout=CHILD_SECONDS)
+    if stopping.is_set():
+        child.kill()
+    try:
+        _, stderr = child.communicate(timeout=CHILD_SECONDS)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        raise
     assert child.returncode == 0, stderr[-4000:]
     return torch.load(work / "trees.pt")
 
