@@ -1,9 +1,9 @@
 """Overlay ddtree 0.3.0-rc.36's and rc.37's programmatic dependent launch, in the PTX an H100 or H200 runs: each
 kernel of the tree build, compiled here for sm_90 with Triton's own backend (no GPU needed), waits for the launch
 before it (``griddepcontrol.wait``) before its first load, store or atomic of global memory; rc.36's then lets the
-next launch start (``griddepcontrol.launch_dependents``), rc.37's does not (the next starts as its programs exit);
-without USE_GDC neither instruction is there. A read before the wait would see the previous kernel's memory half
-written, a race no interpreter test can show. The launches' options are ``test_tree_build_triton``'s to check.
+next launch start (``griddepcontrol.launch_dependents``), rc.37's and rc.39's do not (the next starts as its programs
+exit); without USE_GDC neither instruction is there. A read before the wait would see the previous kernel's memory
+half written, a race no interpreter test can show. The launches' options are ``test_tree_build_triton``'s to check.
 
 The kernels compile in a child process, so that the stand-in ``sglang`` modules they import stay out of this one.
 """
@@ -66,6 +66,7 @@ def test_every_build_kernel_waits_before_it_touches_memory(tmp_path: Path, spec:
                            timeout=600)
     assert child.returncode == 0, child.stderr[-4000:]
     found = json.loads(child.stdout)
+    assert sorted(found["on"]) == sorted(LAUNCHES)
     assert found["kernels"] == dict.fromkeys(sorted({attribute for _, attribute, _, _ in LAUNCHES.values()}), True)
     for label, places in found["on"].items():
         assert -1 < places["wait"] < places["memory"], (label, places)
